@@ -1,0 +1,120 @@
+//! Several clients contend for one lock over five Redis masters; then a node dies and the
+//! lock is still granted by the quorum.
+//!
+//! ```text
+//! cargo run -p redlock --example demo                      # embedded five-node cluster
+//! REDLOCK_NODES=redis://127.0.0.1:7001,... cargo run -p redlock --example demo
+//! ```
+
+use std::time::{Duration, Instant};
+
+use redlock::{Redlock, Retry};
+use redlock_testkit::Cluster;
+
+const CLIENTS: usize = 4;
+const TURNS: usize = 3;
+const RESOURCE: &str = "demo:nightly-report";
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let (urls, mut embedded) = match std::env::var("REDLOCK_NODES") {
+        Ok(list) if !list.trim().is_empty() => (
+            list.split(',')
+                .map(|url| url.trim().to_owned())
+                .collect::<Vec<_>>(),
+            None,
+        ),
+        _ => {
+            println!("REDLOCK_NODES is not set: starting an embedded five-node cluster");
+            let cluster = Cluster::start(5)?;
+            (cluster.urls(), Some(cluster))
+        }
+    };
+    for url in &urls {
+        println!("  node {url}");
+    }
+
+    let client = |ttl: Duration| {
+        Redlock::builder()
+            .nodes(urls.iter().cloned())
+            .ttl(ttl)
+            .node_timeout(Duration::from_millis(50))
+            .retry(
+                Retry::new()
+                    .with_unbounded_attempts()
+                    .with_delay(Duration::from_millis(5))
+                    .with_jitter(Duration::from_millis(20))
+                    .with_max_wait(Duration::from_secs(30)),
+            )
+            .build()
+    };
+
+    println!("\n{CLIENTS} clients, {TURNS} turns each, one resource `{RESOURCE}`:");
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for id in 1..=CLIENTS {
+        let rl = client(Duration::from_secs(10))?;
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..TURNS {
+                let lock = rl.lock(RESOURCE).await?;
+                println!(
+                    "  [{:>7}] client {id} holds the lock (token {}…, valid for {})",
+                    humantime::format_duration(round_ms(started.elapsed())).to_string(),
+                    &lock.token()[..8],
+                    humantime::format_duration(round_ms(lock.validity())),
+                );
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                lock.release().await?;
+                // Step back for a moment, so that the others get their turn.
+                tokio::time::sleep(Duration::from_millis(40)).await;
+            }
+            Ok::<_, redlock::Error>(())
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+
+    let rl = client(Duration::from_secs(10))?;
+    let lock = rl.try_lock(RESOURCE).await?;
+    let other = client(Duration::from_secs(10))?;
+    match other.try_lock(RESOURCE).await {
+        Ok(_) => println!("\nBUG: a second client got the lock"),
+        Err(err) => println!("\nWhile client A holds it, client B is refused:\n  {err}"),
+    }
+    lock.release().await?;
+
+    match embedded.as_mut() {
+        Some(cluster) => {
+            cluster.node_mut(2).kill()?;
+            println!(
+                "\nKilled node {}; {} of 5 remain (quorum {}).",
+                cluster.node(2).url(),
+                4,
+                rl.quorum()
+            );
+            let lock = rl.try_lock(RESOURCE).await?;
+            println!(
+                "Lock still granted by quorum: held on nodes {:?}, valid for {}",
+                cluster.nodes_holding(RESOURCE, lock.token()),
+                humantime::format_duration(round_ms(lock.validity())),
+            );
+            lock.release().await?;
+            cluster.node_mut(3).kill()?;
+            cluster.node_mut(4).kill()?;
+            println!("\nKilled two more nodes: 2 of 5 remain, below the quorum.");
+            match rl.try_lock(RESOURCE).await {
+                Ok(_) => println!("BUG: granted without a quorum"),
+                Err(err) => println!("Refused, as it must be:\n  {err}"),
+            }
+        }
+        None => println!(
+            "\n(External nodes: stop one of them and run again to see the quorum at work.)"
+        ),
+    }
+    Ok(())
+}
+
+fn round_ms(d: Duration) -> Duration {
+    Duration::from_millis(d.as_millis() as u64)
+}

@@ -1,0 +1,76 @@
+//! What is said to one node for each operation, and what its reply means.
+
+use std::sync::{Arc, LazyLock};
+
+use redis::Value;
+
+use crate::error::NodeOutcome;
+use crate::node::{Failure, Node};
+use crate::script::Script;
+
+static RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/release.lua")));
+static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/extend.lua")));
+
+/// `SET key token NX GET PX ttl`.
+///
+/// `GET` (Redis 7.0+) makes the reply say who holds the key: nil when we set it, the holder's
+/// token otherwise, and a `WRONGTYPE` error for a key that is not a string, which plain
+/// `SET NX` would silently report as "held".
+pub(crate) async fn acquire(
+    node: Arc<Node>,
+    key: Arc<str>,
+    token: Arc<str>,
+    ttl_ms: u64,
+) -> NodeOutcome {
+    let mut cmd = redis::cmd("SET");
+    cmd.arg(&*key)
+        .arg(&*token)
+        .arg("NX")
+        .arg("GET")
+        .arg("PX")
+        .arg(ttl_ms);
+    match node.request(&cmd).await {
+        Ok(Value::Nil) => NodeOutcome::Ok,
+        // Our own token: an earlier send of this very attempt landed (a retried request).
+        Ok(Value::BulkString(holder)) if holder == token.as_bytes() => NodeOutcome::Ok,
+        Ok(Value::BulkString(_)) => NodeOutcome::Held,
+        Ok(other) => unexpected(&other),
+        Err(failure) => failure.into_outcome(),
+    }
+}
+
+/// The compare-and-delete script: our key goes, anyone else's stays.
+pub(crate) async fn release(node: Arc<Node>, key: Arc<str>, token: Arc<str>) -> NodeOutcome {
+    let reply = node.eval(&RELEASE, &[&key], &[token.as_bytes()]).await;
+    script_outcome(reply)
+}
+
+/// The compare-and-expire script; a key that vanished is set again but does not count.
+pub(crate) async fn extend(
+    node: Arc<Node>,
+    key: Arc<str>,
+    token: Arc<str>,
+    ttl_ms: u64,
+) -> NodeOutcome {
+    let ttl = ttl_ms.to_string();
+    let reply = node
+        .eval(&EXTEND, &[&key], &[token.as_bytes(), ttl.as_bytes()])
+        .await;
+    script_outcome(reply)
+}
+
+/// Both scripts answer 1 (done), 0 (our key was absent) or -1 (another owner's key).
+fn script_outcome(reply: Result<Value, Failure>) -> NodeOutcome {
+    match reply {
+        Ok(Value::Int(1)) => NodeOutcome::Ok,
+        Ok(Value::Int(0)) => NodeOutcome::Absent,
+        Ok(Value::Int(-1)) => NodeOutcome::Held,
+        Ok(other) => unexpected(&other),
+        Err(failure) => failure.into_outcome(),
+    }
+}
+
+fn unexpected(reply: &Value) -> NodeOutcome {
+    NodeOutcome::Failed(format!("unexpected reply {reply:?}").into())
+}

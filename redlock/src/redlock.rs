@@ -1,0 +1,408 @@
+//! The coordinator: one attempt is one round over every node.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tracing::Instrument;
+
+use crate::builder::{RedlockBuilder, check_ttl};
+use crate::error::{Error, ErrorKind, NodeOutcome, Result};
+use crate::fanout::{self, InFlight, Round};
+use crate::lock::{Claim, Lock};
+use crate::node::Node;
+use crate::quorum::{self, Decision};
+use crate::retry::Retry;
+use crate::{protocol, token};
+
+/// A client for distributed locks over N independent Redis masters.
+///
+/// Cheap to clone (an `Arc` inside) and `Send + Sync + 'static`: build one per process
+/// and share it. Every node has one multiplexed connection, opened on first use and shared
+/// by all clones and all locks.
+#[derive(Clone)]
+pub struct Redlock {
+    inner: Arc<Inner>,
+}
+
+/// What every lock of one client shares.
+pub(crate) struct Inner {
+    pub(crate) nodes: Vec<Arc<Node>>,
+    pub(crate) config: Config,
+}
+
+/// The validated configuration.
+#[derive(Debug)]
+pub(crate) struct Config {
+    pub(crate) ttl_ms: u64,
+    pub(crate) node_timeout: Duration,
+    pub(crate) drift_factor: f64,
+    pub(crate) retry: Retry,
+    pub(crate) key_prefix: String,
+}
+
+impl fmt::Debug for Redlock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Redlock")
+            .field("nodes", &self.inner.nodes)
+            .field("quorum", &self.quorum())
+            .field("config", &self.inner.config)
+            .finish()
+    }
+}
+
+impl Redlock {
+    /// Starts a [`RedlockBuilder`].
+    pub fn builder() -> RedlockBuilder {
+        RedlockBuilder::new()
+    }
+
+    pub(crate) fn from_config(nodes: Vec<Arc<Node>>, config: Config) -> Self {
+        Self {
+            inner: Arc::new(Inner { nodes, config }),
+        }
+    }
+
+    /// How many nodes must agree: `N/2 + 1`.
+    pub fn quorum(&self) -> usize {
+        quorum::quorum(self.inner.nodes.len())
+    }
+
+    /// How many nodes are configured.
+    pub fn node_count(&self) -> usize {
+        self.inner.nodes.len()
+    }
+
+    /// The default lease, as sent to Redis (whole milliseconds).
+    pub fn ttl(&self) -> Duration {
+        Duration::from_millis(self.inner.config.ttl_ms)
+    }
+
+    /// One attempt to lock `resource` for the default TTL.
+    ///
+    /// Fails with [`ErrorKind::NotAcquired`] when another owner holds it,
+    /// [`ErrorKind::Unavailable`] when too few nodes answered in time,
+    /// [`ErrorKind::Expired`] when acquiring took the whole lease,
+    /// [`ErrorKind::WrongType`] when the key is not a lock, and [`ErrorKind::Config`] for
+    /// an empty resource name. A failed attempt removes whatever it may have set.
+    pub async fn try_lock(&self, resource: &str) -> Result<Lock> {
+        self.try_lock_for(resource, self.ttl()).await
+    }
+
+    /// One attempt to lock `resource` for `ttl`.
+    pub async fn try_lock_for(&self, resource: &str, ttl: Duration) -> Result<Lock> {
+        let ttl_ms = check_ttl(ttl, self.inner.config.drift_factor)?;
+        let key = self.inner.key(resource)?;
+        self.inner.attempt(resource, key, ttl_ms).await
+    }
+
+    /// Locks `resource` for the default TTL, retrying per the [`Retry`] policy.
+    ///
+    /// Cancellation-safe: dropping the future releases whatever the attempt in progress
+    /// may have set, and leaves no lock behind. Returns the last attempt's error when the
+    /// policy gives up.
+    pub async fn lock(&self, resource: &str) -> Result<Lock> {
+        self.lock_for(resource, self.ttl()).await
+    }
+
+    /// Locks `resource` for `ttl`, retrying per the [`Retry`] policy.
+    pub async fn lock_for(&self, resource: &str, ttl: Duration) -> Result<Lock> {
+        let ttl_ms = check_ttl(ttl, self.inner.config.drift_factor)?;
+        let key = self.inner.key(resource)?;
+        let first = Instant::now();
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let err = match self.inner.attempt(resource, key.clone(), ttl_ms).await {
+                Ok(lock) => return Ok(lock),
+                Err(err) => err,
+            };
+            if !err.is_retryable() {
+                return Err(err);
+            }
+            match self
+                .inner
+                .config
+                .retry
+                .next_pause(attempts, first.elapsed())
+            {
+                Some(pause) => tokio::time::sleep(pause).await,
+                None => return Err(err),
+            }
+        }
+    }
+}
+
+impl Inner {
+    fn key(&self, resource: &str) -> Result<Arc<str>> {
+        if resource.is_empty() {
+            return Err(Error::config("the resource name is empty"));
+        }
+        let prefix = &self.config.key_prefix;
+        Ok(if prefix.is_empty() {
+            resource.into()
+        } else {
+            format!("{prefix}{resource}").into()
+        })
+    }
+
+    fn drift(&self, lease: Duration) -> Duration {
+        quorum::drift(lease, self.config.drift_factor)
+    }
+
+    /// One acquisition attempt: `SET NX` on every node, decided at the quorum.
+    async fn attempt(self: &Arc<Self>, resource: &str, key: Arc<str>, ttl_ms: u64) -> Result<Lock> {
+        let span = tracing::debug_span!(
+            target: "redlock",
+            "lock_attempt",
+            resource,
+            ttl_ms,
+            outcome = tracing::field::Empty,
+            elapsed = tracing::field::Empty,
+            nodes = tracing::field::Empty,
+        );
+        let result = self
+            .acquire_round(resource, key, ttl_ms)
+            .instrument(span.clone())
+            .await;
+        if !span.is_disabled() {
+            let (outcome, round) = match &result {
+                Ok((_, round)) => ("granted", round),
+                Err((err, round)) => (kind_name(err.kind()), round),
+            };
+            span.record("outcome", outcome);
+            span.record("elapsed", tracing::field::debug(round.elapsed()));
+            span.record(
+                "nodes",
+                tracing::field::display(outcomes_summary(&round.outcomes)),
+            );
+            tracing::debug!(target: "redlock", parent: &span, "attempt decided");
+        }
+        result.map(|(lock, _)| lock).map_err(|(err, _)| err)
+    }
+
+    async fn acquire_round(
+        self: &Arc<Self>,
+        resource: &str,
+        key: Arc<str>,
+        ttl_ms: u64,
+    ) -> Result<(Lock, Round), (Error, Round)> {
+        let token: Arc<str> = token::generate().into();
+        let started_at = Instant::now();
+        // Armed until the lock is handed out: if this future is dropped mid-round, the
+        // claim releases whatever the round may have set.
+        let mut claim = Claim::new(self.clone(), key.clone(), token.clone());
+        let timeout = self.config.node_timeout;
+        let requests: Vec<InFlight> = self
+            .nodes
+            .iter()
+            .map(|node| {
+                let set = protocol::acquire(node.clone(), key.clone(), token.clone(), ttl_ms);
+                fanout::shareable(fanout::bounded(timeout, set))
+            })
+            .collect();
+        // Unanswered SETs go on in the background: a lock held on more nodes than the bare
+        // quorum survives more failures. Releases on their nodes wait for them.
+        let round = fanout::round(requests.clone(), started_at).await;
+        claim.track(still_in_flight(requests, &round));
+        let lease = Duration::from_millis(ttl_ms);
+        if round.decision == Decision::Reached
+            && let Some(validity) = quorum::validity(lease, round.elapsed(), self.drift(lease))
+        {
+            let lock = Lock::new(claim, resource.len(), round.decided_at + validity);
+            return Ok((lock, round));
+        }
+        let err = self.acquire_error(resource, &round, lease);
+        self.clean_up(claim, &round).await;
+        Err((err, round))
+    }
+
+    /// Releases a failed attempt's keys: awaited on the nodes that granted (they answered
+    /// a moment ago), in the background on the nodes whose answer is unknown.
+    async fn clean_up(&self, claim: Claim, round: &Round) {
+        let (key, token, mut in_flight) = claim.disarm();
+        let mut granted = Vec::new();
+        let mut uncertain = Vec::new();
+        for (i, outcome) in round.outcomes.iter().enumerate() {
+            let request = self.release_request(i, &key, &token, in_flight[i].take());
+            match outcome {
+                NodeOutcome::Ok => granted.push(request),
+                // The node answered about someone else's key: ours is not there.
+                NodeOutcome::Held | NodeOutcome::WrongType => {}
+                _ => uncertain.push(request),
+            }
+        }
+        fanout::in_background(uncertain);
+        fanout::all(granted).await;
+    }
+
+    fn acquire_error(&self, resource: &str, round: &Round, lease: Duration) -> Error {
+        let n = self.nodes.len();
+        let spare = n - quorum::quorum(n);
+        let held = round.count(|o| *o == NodeOutcome::Held);
+        let faulty = round.count(NodeOutcome::is_fault);
+        let (kind, message) = if round.decision == Decision::Reached {
+            (
+                ErrorKind::Expired,
+                format!(
+                    "a quorum took {:?}, which with the drift allowance of {:?} leaves nothing of a {lease:?} lease",
+                    round.elapsed(),
+                    self.drift(lease)
+                ),
+            )
+        } else if round.count(|o| *o == NodeOutcome::WrongType) > 0 {
+            (ErrorKind::WrongType, String::new())
+        } else if held > spare || (faulty <= spare && held > 0 && held >= faulty) {
+            (ErrorKind::NotAcquired, String::new())
+        } else {
+            (ErrorKind::Unavailable, String::new())
+        };
+        Error::round(kind, message, resource, round.report(&self.nodes))
+    }
+
+    /// Releases `key` where it holds `token`, on every node; returns at the decision and
+    /// finishes the other nodes in the background.
+    pub(crate) async fn release(
+        &self,
+        key: &Arc<str>,
+        token: &Arc<str>,
+        in_flight: Vec<Option<InFlight>>,
+    ) -> Round {
+        let requests = self.release_requests(key, token, in_flight);
+        fanout::round(requests, Instant::now()).await
+    }
+
+    /// Fire-and-forget release, for `Drop` paths. Needs a Tokio runtime.
+    pub(crate) fn release_detached(
+        &self,
+        key: &Arc<str>,
+        token: &Arc<str>,
+        in_flight: Vec<Option<InFlight>>,
+    ) {
+        fanout::in_background(self.release_requests(key, token, in_flight));
+    }
+
+    fn release_requests(
+        &self,
+        key: &Arc<str>,
+        token: &Arc<str>,
+        mut in_flight: Vec<Option<InFlight>>,
+    ) -> Vec<impl Future<Output = NodeOutcome> + Send + 'static> {
+        in_flight.resize(self.nodes.len(), None);
+        in_flight
+            .into_iter()
+            .enumerate()
+            .map(|(i, set)| self.release_request(i, key, token, set))
+            .collect()
+    }
+
+    /// The compare-and-delete on node `i`, sent only after our `SET` there (if one is
+    /// still in flight) has been answered or has timed out, so it can never overtake it.
+    fn release_request(
+        &self,
+        i: usize,
+        key: &Arc<str>,
+        token: &Arc<str>,
+        in_flight: Option<InFlight>,
+    ) -> impl Future<Output = NodeOutcome> + Send + 'static {
+        let (node, key, token) = (self.nodes[i].clone(), key.clone(), token.clone());
+        fanout::bounded(self.config.node_timeout, async move {
+            if let Some(set) = in_flight {
+                set.await;
+            }
+            protocol::release(node, key, token).await
+        })
+    }
+
+    /// Renews `key` where it holds `token`; returns the round, the new validity, and the
+    /// requests still in flight per node. Each node's request waits for the one still in
+    /// flight there, and unanswered ones finish in the background (healing nodes that
+    /// answer late), always ahead of a later release.
+    pub(crate) async fn extend(
+        &self,
+        key: &Arc<str>,
+        token: &Arc<str>,
+        ttl_ms: u64,
+        mut in_flight: Vec<Option<InFlight>>,
+    ) -> (Round, Option<Duration>, Vec<Option<InFlight>>) {
+        in_flight.resize(self.nodes.len(), None);
+        let requests: Vec<InFlight> = self
+            .nodes
+            .iter()
+            .zip(in_flight)
+            .map(|(node, previous)| {
+                let (node, key, token) = (node.clone(), key.clone(), token.clone());
+                fanout::shareable(fanout::bounded(self.config.node_timeout, async move {
+                    if let Some(previous) = previous {
+                        previous.await;
+                    }
+                    protocol::extend(node, key, token, ttl_ms).await
+                }))
+            })
+            .collect();
+        let round = fanout::round(requests.clone(), Instant::now()).await;
+        let lease = Duration::from_millis(ttl_ms);
+        let validity = match round.decision {
+            Decision::Reached => quorum::validity(lease, round.elapsed(), self.drift(lease)),
+            Decision::Failed => None,
+        };
+        let in_flight = still_in_flight(requests, &round);
+        (round, validity, in_flight)
+    }
+
+    /// The error for a release or extend round that missed the quorum.
+    pub(crate) fn lost_error(&self, resource: &str, what: &str, round: &Round) -> Error {
+        let spare = self.nodes.len() - quorum::quorum(self.nodes.len());
+        let gone = round.count(|o| matches!(o, NodeOutcome::Absent | NodeOutcome::Held));
+        let kind = if gone > spare {
+            ErrorKind::NotHeld
+        } else {
+            ErrorKind::Unavailable
+        };
+        let message = match kind {
+            ErrorKind::NotHeld => format!("{what}: our token is gone from too many nodes"),
+            _ => format!("{what} reached too few nodes"),
+        };
+        Error::round(kind, message, resource, round.report(&self.nodes))
+    }
+}
+
+/// The requests of `round` that had not answered at its decision, per node.
+fn still_in_flight(requests: Vec<InFlight>, round: &Round) -> Vec<Option<InFlight>> {
+    requests
+        .into_iter()
+        .zip(&round.outcomes)
+        .map(|(request, outcome)| (*outcome == NodeOutcome::Pending).then_some(request))
+        .collect()
+}
+
+fn kind_name(kind: ErrorKind) -> &'static str {
+    match kind {
+        ErrorKind::Config => "config",
+        ErrorKind::NotAcquired => "not_acquired",
+        ErrorKind::Unavailable => "unavailable",
+        ErrorKind::Expired => "expired",
+        ErrorKind::NotHeld => "not_held",
+        ErrorKind::WrongType => "wrong_type",
+    }
+}
+
+fn outcomes_summary(outcomes: &[NodeOutcome]) -> String {
+    let names: Vec<String> = outcomes.iter().map(ToString::to_string).collect();
+    names.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_and_lock_can_move_across_tasks() {
+        fn send_sync_static<T: Send + Sync + 'static>() {}
+        fn send_static<T: Send + 'static>() {}
+        send_sync_static::<Redlock>();
+        send_static::<Lock>();
+        send_sync_static::<Error>();
+    }
+}

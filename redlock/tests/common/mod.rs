@@ -1,0 +1,51 @@
+//! Shared set-up for the integration tests: real nodes from redlock-testkit.
+#![allow(dead_code)]
+
+use std::time::{Duration, Instant};
+
+use redlock::{Redlock, RedlockBuilder, Retry};
+use redlock_testkit::Cluster;
+
+/// `n` fresh nodes; panics with the testkit's message (how to install redis-server).
+pub fn cluster(n: usize) -> Cluster {
+    Cluster::start(n).unwrap_or_else(|err| panic!("cannot start {n} redis nodes: {err}"))
+}
+
+/// A builder over the cluster with test-friendly settings: one attempt, 10 s lease.
+pub fn builder(cluster: &Cluster, node_timeout: Duration) -> RedlockBuilder {
+    Redlock::builder()
+        .nodes(cluster.urls())
+        .ttl(Duration::from_secs(10))
+        .node_timeout(node_timeout)
+        .retry(Retry::never())
+}
+
+pub fn client(cluster: &Cluster) -> Redlock {
+    builder(cluster, Duration::from_millis(200))
+        .build()
+        .unwrap()
+}
+
+/// Polls `check` until it holds or `within` passes.
+pub async fn eventually(within: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        if check() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Sends SIGCONT to a paused node's process after `delay`, from a plain thread, so that
+/// a request in flight sees a node that was slow rather than dead.
+pub fn resume_after(pid: u32, delay: Duration) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        std::thread::sleep(delay);
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap());
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    })
+}

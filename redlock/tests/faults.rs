@@ -1,0 +1,191 @@
+//! Killed and hung nodes: a minority never blocks, a majority fails fast and cleanly.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use redlock::ErrorKind;
+
+const NODE_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// Bounds are generous multiples of the node timeout: they catch waiting for a hung node
+/// (seconds or forever), not scheduling noise.
+const BOUND: Duration = Duration::from_millis(1000);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_minority_does_not_prevent_the_lock() {
+    for killed in [vec![0], vec![3, 4], vec![0, 2]] {
+        let mut cluster = common::cluster(5);
+        for &i in &killed {
+            cluster.node_mut(i).kill().unwrap();
+        }
+        let rl = common::builder(&cluster, NODE_TIMEOUT).build().unwrap();
+        let lock = rl
+            .try_lock("k")
+            .await
+            .unwrap_or_else(|err| panic!("killed {killed:?}: {err}"));
+        lock.release().await.unwrap();
+        assert_eq!(cluster.count_key("k"), 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_majority_is_unavailable_and_leaves_no_key() {
+    let mut cluster = common::cluster(5);
+    for i in [0, 1, 2] {
+        cluster.node_mut(i).kill().unwrap();
+    }
+    let rl = common::builder(&cluster, NODE_TIMEOUT).build().unwrap();
+    let err = rl.try_lock("k").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.faulty() >= 3, "{err}");
+    assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("k") == 0).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_minority_costs_no_waiting() {
+    let mut cluster = common::cluster(5);
+    let rl = common::builder(&cluster, NODE_TIMEOUT).build().unwrap();
+    // Warm connections first, then hang two nodes: the worst case has their requests
+    // queued on an open connection that never answers.
+    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    for i in [1, 3] {
+        cluster.node_mut(i).pause().unwrap();
+    }
+    for round in 0..5 {
+        let started = Instant::now();
+        let lock = rl.try_lock("k").await.unwrap();
+        lock.release().await.unwrap();
+        let took = started.elapsed();
+        assert!(
+            took < NODE_TIMEOUT,
+            "round {round}: lock + release took {took:?} with a hung minority"
+        );
+    }
+    // Once the hung nodes wake, the queued SETs and their releases run in order: nothing stays.
+    for i in [1, 3] {
+        cluster.node_mut(i).resume().unwrap();
+    }
+    assert!(common::eventually(Duration::from_secs(2), || cluster.count_key("k") == 0).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_hung_before_the_first_connection_costs_no_waiting() {
+    let mut cluster = common::cluster(5);
+    cluster.node_mut(4).pause().unwrap();
+    let rl = common::builder(&cluster, NODE_TIMEOUT).build().unwrap();
+    let started = Instant::now();
+    let lock = rl.try_lock("k").await.unwrap();
+    lock.release().await.unwrap();
+    assert!(started.elapsed() < BOUND, "took {:?}", started.elapsed());
+    cluster.node_mut(4).resume().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_majority_fails_within_the_node_timeout_and_leaves_no_key() {
+    let mut cluster = common::cluster(5);
+    let rl = common::builder(&cluster, NODE_TIMEOUT).build().unwrap();
+    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    for i in [0, 1, 2] {
+        cluster.node_mut(i).pause().unwrap();
+    }
+    let started = Instant::now();
+    let err = rl.try_lock("k").await.unwrap_err();
+    let took = started.elapsed();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(took >= NODE_TIMEOUT && took < BOUND, "took {took:?}");
+    // The hung nodes received the SET; the release queued behind it removes it on waking.
+    for i in [0, 1, 2] {
+        cluster.node_mut(i).resume().unwrap();
+    }
+    assert!(
+        common::eventually(Duration::from_secs(2), || cluster.count_key("k") == 0).await,
+        "a late SET outlived the failed attempt"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_concurrent_callers_are_not_queued_behind_a_hung_node() {
+    let mut cluster = common::cluster(5);
+    cluster.node_mut(2).pause().unwrap();
+    let rl = common::builder(&cluster, NODE_TIMEOUT).build().unwrap();
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..16)
+        .map(|i| {
+            let rl = rl.clone();
+            tokio::spawn(async move {
+                let lock = rl.try_lock(&format!("key:{i}")).await.unwrap();
+                lock.release().await.unwrap();
+                started.elapsed()
+            })
+        })
+        .collect();
+    for task in tasks {
+        let took = task.await.unwrap();
+        assert!(took < BOUND, "a caller finished after {took:?}");
+    }
+    cluster.node_mut(2).resume().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn validity_accounts_for_slow_nodes() {
+    let mut cluster = common::cluster(3);
+    let ttl = Duration::from_secs(2);
+    let rl = common::builder(&cluster, Duration::from_secs(1))
+        .ttl(ttl)
+        .build()
+        .unwrap();
+    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    // Two of three nodes answer only after 300 ms: the quorum needs one of them.
+    for i in [1, 2] {
+        cluster.node_mut(i).pause().unwrap();
+    }
+    let slow = Duration::from_millis(300);
+    let waker = common::resume_after(cluster.node(1).pid().unwrap(), slow);
+    let waker2 = common::resume_after(cluster.node(2).pid().unwrap(), slow);
+    let started = Instant::now();
+    let lock = rl.try_lock("k").await.unwrap();
+    let elapsed = started.elapsed();
+    waker.join().unwrap();
+    waker2.join().unwrap();
+    for i in [1, 2] {
+        cluster.node_mut(i).resume().unwrap();
+    }
+    let drift = ttl.mul_f64(0.01) + Duration::from_millis(2);
+    assert!(elapsed >= slow);
+    assert!(
+        lock.validity() <= ttl - slow - drift,
+        "validity {:?} ignores the {slow:?} spent acquiring",
+        lock.validity()
+    );
+    assert!(lock.validity() >= ttl - elapsed - drift - Duration::from_millis(100));
+    lock.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latency_that_eats_the_lease_is_refused_not_granted_expired() {
+    let mut cluster = common::cluster(3);
+    let ttl = Duration::from_millis(200);
+    let rl = common::builder(&cluster, Duration::from_secs(2))
+        .ttl(ttl)
+        .build()
+        .unwrap();
+    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    for i in [1, 2] {
+        cluster.node_mut(i).pause().unwrap();
+    }
+    let wakers: Vec<_> = [1, 2]
+        .iter()
+        .map(|&i| common::resume_after(cluster.node(i).pid().unwrap(), Duration::from_millis(300)))
+        .collect();
+    let err = rl.try_lock("k").await.unwrap_err();
+    for waker in wakers {
+        waker.join().unwrap();
+    }
+    for i in [1, 2] {
+        cluster.node_mut(i).resume().unwrap();
+    }
+    assert_eq!(err.kind(), ErrorKind::Expired, "{err}");
+    assert!(err.granted() >= 2, "{err}");
+    assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("k") == 0).await);
+}

@@ -1,0 +1,174 @@
+//! Release and extend: compare-the-token, quorum, validity, and never touching other owners.
+
+mod common;
+
+use std::time::Duration;
+
+use redlock::ErrorKind;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_after_expiry_reports_not_held_and_spares_the_new_owner() {
+    let cluster = common::cluster(5);
+    let rl = common::client(&cluster);
+    let stale = rl
+        .try_lock_for("k", Duration::from_millis(50))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    assert_eq!(stale.validity(), Duration::ZERO);
+    let fresh = rl.try_lock("k").await.unwrap();
+    let err = stale.release().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+    assert!(
+        common::eventually(Duration::from_secs(1), || cluster
+            .nodes_holding("k", fresh.token())
+            .len()
+            == 5)
+        .await
+    );
+    fresh.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_with_a_locally_expired_lease_still_removes_our_keys_but_says_so() {
+    let cluster = common::cluster(3);
+    let rl = common::builder(&cluster, Duration::from_millis(200))
+        .drift_factor(0.5)
+        .build()
+        .unwrap();
+    // A 100 ms lease with a 50% drift allowance is locally over after ~48 ms, while the
+    // keys live 100 ms on the nodes.
+    let lock = rl
+        .try_lock_for("k", Duration::from_millis(100))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert!(!lock.is_valid());
+    let err = lock.release().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+    assert_eq!(cluster.count_key("k"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_renews_the_lease_from_its_own_start() {
+    let cluster = common::cluster(5);
+    let rl = common::client(&cluster);
+    let mut lock = rl
+        .try_lock_for("k", Duration::from_millis(500))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    lock.extend(Duration::from_secs(5)).await.unwrap();
+    assert!(
+        lock.validity() > Duration::from_millis(4_800),
+        "{:?}",
+        lock.validity()
+    );
+    assert!(lock.validity() <= Duration::from_secs(5) - Duration::from_millis(52));
+    for node in cluster.nodes() {
+        let pttl = node.pttl("k").unwrap();
+        assert!(pttl > 4_500, "node PTTL {pttl}");
+    }
+    // Still held past the original lease.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        rl.try_lock("k").await.unwrap_err().kind(),
+        ErrorKind::NotAcquired
+    );
+    lock.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_heals_a_node_that_lost_the_key_without_counting_it() {
+    let mut cluster = common::cluster(3);
+    let rl = common::client(&cluster);
+    let mut lock = rl.try_lock("k").await.unwrap();
+    cluster.node_mut(0).restart().unwrap();
+    assert_eq!(cluster.node(0).get("k").unwrap(), None);
+    lock.extend(Duration::from_secs(10)).await.unwrap();
+    assert!(
+        common::eventually(Duration::from_secs(1), || cluster
+            .node(0)
+            .get("k")
+            .unwrap()
+            .as_deref()
+            == Some(lock.token()))
+        .await,
+        "the restarted node got our key back"
+    );
+    lock.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_extend_deletes_nothing_and_keeps_the_old_validity() {
+    let cluster = common::cluster(5);
+    let rl = common::client(&cluster);
+    let mut lock = rl.try_lock("k").await.unwrap();
+    assert!(
+        common::eventually(Duration::from_secs(1), || cluster
+            .nodes_holding("k", lock.token())
+            .len()
+            == 5)
+        .await
+    );
+    // Another owner overwrites the key on a majority (as after our lease expired there).
+    for i in [0, 1, 2] {
+        cluster.node(i).set("k", "foreign").unwrap();
+    }
+    let before = lock.deadline();
+    let err = lock.extend(Duration::from_secs(30)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+    assert_eq!(err.held_by_others(), 3, "{err}");
+    assert_eq!(lock.deadline(), before);
+    assert_eq!(
+        cluster.nodes_holding("k", "foreign"),
+        vec![0, 1, 2],
+        "extend never touches another owner's key"
+    );
+    assert_eq!(
+        cluster.nodes_holding("k", lock.token()),
+        vec![3, 4],
+        "a failed extend deletes nothing"
+    );
+    for i in [0, 1, 2] {
+        assert_eq!(
+            cluster.node(i).pttl("k").unwrap(),
+            -1,
+            "the foreign keys' expiry is untouched"
+        );
+    }
+    lock.release().await.unwrap_err();
+    assert_eq!(cluster.nodes_holding("k", "foreign"), vec![0, 1, 2]);
+    assert_eq!(cluster.count_key("k"), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_refuses_once_the_validity_is_over() {
+    let cluster = common::cluster(3);
+    let rl = common::client(&cluster);
+    let mut lock = rl
+        .try_lock_for("k", Duration::from_millis(30))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    let err = lock.extend(Duration::from_secs(10)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotHeld);
+    assert!(err.nodes().is_empty(), "no node was asked");
+    assert_eq!(cluster.count_key("k"), 0, "nothing was set again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_with_a_killed_majority_is_unavailable() {
+    let mut cluster = common::cluster(3);
+    let rl = common::client(&cluster);
+    let mut lock = rl.try_lock("k").await.unwrap();
+    cluster.node_mut(0).kill().unwrap();
+    cluster.node_mut(1).kill().unwrap();
+    let err = lock.extend(Duration::from_secs(10)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(lock.is_valid(), "the current lease is unaffected");
+    assert_eq!(
+        cluster.node(2).get("k").unwrap().as_deref(),
+        Some(lock.token())
+    );
+}

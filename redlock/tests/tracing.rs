@@ -1,0 +1,66 @@
+//! Every attempt is a `tracing` span with its outcome and per-node results.
+
+mod common;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::fmt::format::FmtSpan;
+
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> MakeWriter<'a> for Captured {
+    type Writer = Captured;
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn an_attempt_is_a_span_with_outcome_and_nodes() {
+    let cluster = common::cluster(3);
+    cluster.node(2).set("traced", "foreign").unwrap();
+    let captured = Captured::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(captured.clone())
+        .with_max_level(tracing::Level::DEBUG)
+        .with_span_events(FmtSpan::CLOSE)
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let rl = common::client(&cluster);
+    let lock = rl.try_lock("traced").await.unwrap();
+    lock.release().await.unwrap();
+    let mut other = rl.try_lock("elsewhere").await.unwrap();
+    other
+        .extend(std::time::Duration::from_secs(1))
+        .await
+        .unwrap();
+    cluster.node(0).set("busy", "foreign").unwrap();
+    cluster.node(1).set("busy", "foreign").unwrap();
+    rl.try_lock("busy").await.unwrap_err();
+    drop(_guard);
+    let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    assert!(log.contains("lock_attempt"), "{log}");
+    assert!(log.contains("redlock"), "{log}");
+    assert!(log.contains("resource=\"traced\""), "{log}");
+    assert!(log.contains("outcome=\"granted\""), "{log}");
+    assert!(log.contains("outcome=\"not_acquired\""), "{log}");
+    assert!(
+        log.contains("held by another owner"),
+        "per-node results: {log}"
+    );
+    assert!(log.contains("elapsed="), "{log}");
+}

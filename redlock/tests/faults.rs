@@ -137,20 +137,12 @@ async fn validity_accounts_for_slow_nodes() {
         .unwrap();
     rl.try_lock("warm").await.unwrap().release().await.unwrap();
     // Two of three nodes answer only after 300 ms: the quorum needs one of them.
-    for i in [1, 2] {
-        cluster.node_mut(i).pause().unwrap();
-    }
     let slow = Duration::from_millis(300);
-    let waker = common::resume_after(cluster.node(1).pid().unwrap(), slow);
-    let waker2 = common::resume_after(cluster.node(2).pid().unwrap(), slow);
+    let slowdown = common::Slowdown::start(&mut cluster, &[1, 2], slow);
     let started = Instant::now();
     let lock = rl.try_lock("k").await.unwrap();
     let elapsed = started.elapsed();
-    waker.join().unwrap();
-    waker2.join().unwrap();
-    for i in [1, 2] {
-        cluster.node_mut(i).resume().unwrap();
-    }
+    slowdown.finish(&mut cluster);
     let drift = ttl.mul_f64(0.01) + Duration::from_millis(2);
     assert!(elapsed >= slow);
     assert!(
@@ -171,20 +163,9 @@ async fn latency_that_eats_the_lease_is_refused_not_granted_expired() {
         .build()
         .unwrap();
     rl.try_lock("warm").await.unwrap().release().await.unwrap();
-    for i in [1, 2] {
-        cluster.node_mut(i).pause().unwrap();
-    }
-    let wakers: Vec<_> = [1, 2]
-        .iter()
-        .map(|&i| common::resume_after(cluster.node(i).pid().unwrap(), Duration::from_millis(300)))
-        .collect();
+    let slowdown = common::Slowdown::start(&mut cluster, &[1, 2], Duration::from_millis(300));
     let err = rl.try_lock("k").await.unwrap_err();
-    for waker in wakers {
-        waker.join().unwrap();
-    }
-    for i in [1, 2] {
-        cluster.node_mut(i).resume().unwrap();
-    }
+    slowdown.finish(&mut cluster);
     assert_eq!(err.kind(), ErrorKind::Expired, "{err}");
     assert!(err.granted() >= 2, "{err}");
     assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("k") == 0).await);

@@ -18,12 +18,9 @@ const RESOURCE: &str = "demo:nightly-report";
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (urls, mut embedded) = match std::env::var("REDLOCK_NODES") {
-        Ok(list) if !list.trim().is_empty() => (
-            list.split(',')
-                .map(|url| url.trim().to_owned())
-                .collect::<Vec<_>>(),
-            None,
-        ),
+        Ok(list) if !list.trim().is_empty() => {
+            (list.split(',').map(|url| url.trim().to_owned()).collect::<Vec<_>>(), None)
+        }
         _ => {
             println!("REDLOCK_NODES is not set: starting an embedded five-node cluster");
             let cluster = Cluster::start(5)?;

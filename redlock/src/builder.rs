@@ -20,6 +20,7 @@ use crate::retry::Retry;
 /// - `drift_factor`: 0.01 (the drift allowance is `ttl x 0.01 + 2 ms`)
 /// - `retry`: [`Retry::default()`]
 /// - `key_prefix`: none (the key is the resource name)
+/// - `restart_quarantine`: off (`Duration::ZERO`)
 ///
 /// ```
 /// use std::time::Duration;
@@ -45,6 +46,7 @@ pub struct RedlockBuilder {
     drift_factor: f64,
     retry: Retry,
     key_prefix: String,
+    restart_quarantine: Duration,
 }
 
 impl Default for RedlockBuilder {
@@ -57,6 +59,7 @@ impl Default for RedlockBuilder {
             drift_factor: 0.01,
             retry: Retry::default(),
             key_prefix: String::new(),
+            restart_quarantine: Duration::ZERO,
         }
     }
 }
@@ -116,6 +119,23 @@ impl RedlockBuilder {
         self
     }
 
+    /// Keeps a node whose Redis process started less than `period` ago out of the quorum
+    /// of acquire and extend (keys are still written and released there).
+    ///
+    /// This is the Redlock spec's "delayed restart", done by the client, for masters that run
+    /// without `appendfsync always`: a master that restarted empty may have forgotten a lock
+    /// that another client still holds, so it must not vote until every lease it could have
+    /// held is over. Use at least the longest lease any client takes. The node's start is
+    /// read from its uptime (`INFO server`) whenever a connection opens, then tracked with the
+    /// local monotonic clock; the uptime's one-second resolution is rounded against us.
+    ///
+    /// Off by default (`Duration::ZERO`): with it on, a freshly started cluster refuses every
+    /// lock for one period.
+    pub fn restart_quarantine(mut self, period: Duration) -> Self {
+        self.restart_quarantine = period;
+        self
+    }
+
     /// Checks the configuration and creates the client. Fails with
     /// [`ErrorKind::Config`](crate::ErrorKind::Config) for no nodes, an unparsable or
     /// duplicate URL, a TTL that rounds to zero milliseconds (or is absurdly long) or leaves
@@ -139,13 +159,10 @@ impl RedlockBuilder {
         for (i, url) in self.nodes.iter().enumerate() {
             let client = redis::Client::open(url.as_str())
                 .map_err(|err| Error::config(format!("node {i}: unparsable URL: {err}")))?;
-            let node = Node::new(client, self.connect_timeout);
+            let node = Node::new(client, self.connect_timeout, self.restart_quarantine);
             if !seen.insert(node.name().clone()) {
                 // Counting one master twice would let a minority pass for a quorum.
-                return Err(Error::config(format!(
-                    "node {i}: {} is listed twice",
-                    node.name()
-                )));
+                return Err(Error::config(format!("node {i}: {} is listed twice", node.name())));
             }
             nodes.push(Arc::new(node));
         }
@@ -165,9 +182,7 @@ impl RedlockBuilder {
 /// Validates a lease against the drift allowance and returns it in Redis milliseconds.
 pub(crate) fn check_ttl(ttl: Duration, drift_factor: f64) -> Result<u64> {
     if !(0.0..1.0).contains(&drift_factor) {
-        return Err(Error::config(format!(
-            "drift_factor must be in [0, 1), got {drift_factor}"
-        )));
+        return Err(Error::config(format!("drift_factor must be in [0, 1), got {drift_factor}")));
     }
     let ms = quorum::ttl_millis(ttl).ok_or_else(|| {
         Error::config(format!(

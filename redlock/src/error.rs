@@ -72,6 +72,10 @@ pub enum NodeOutcome {
     Unreachable(Arc<str>),
     /// The node answered with an error or with a reply this library does not expect.
     Failed(Arc<str>),
+    /// The node did what was asked, but it is in restart quarantine
+    /// ([`RedlockBuilder::restart_quarantine`](crate::RedlockBuilder::restart_quarantine)):
+    /// its yes does not count toward the quorum.
+    Quarantined,
     /// The round was decided before this node answered.
     Pending,
 }
@@ -79,10 +83,7 @@ pub enum NodeOutcome {
 impl NodeOutcome {
     /// Whether the node was faulty (rather than answering about the key).
     pub fn is_fault(&self) -> bool {
-        matches!(
-            self,
-            Self::TimedOut | Self::Unreachable(_) | Self::Failed(_)
-        )
+        matches!(self, Self::TimedOut | Self::Unreachable(_) | Self::Failed(_))
     }
 }
 
@@ -96,6 +97,7 @@ impl fmt::Display for NodeOutcome {
             Self::TimedOut => f.write_str("timed out"),
             Self::Unreachable(why) => write!(f, "unreachable: {why}"),
             Self::Failed(why) => write!(f, "failed: {why}"),
+            Self::Quarantined => f.write_str("in restart quarantine"),
             Self::Pending => f.write_str("no answer before the round was decided"),
         }
     }
@@ -179,14 +181,7 @@ impl Error {
         resource: Option<String>,
         round: Option<RoundReport>,
     ) -> Self {
-        Self {
-            inner: Box::new(Inner {
-                kind,
-                message,
-                resource,
-                round,
-            }),
-        }
+        Self { inner: Box::new(Inner { kind, message, resource, round }) }
     }
 
     /// What happened.
@@ -263,26 +258,15 @@ impl fmt::Display for Error {
         let Some(round) = &inner.round else {
             return Ok(());
         };
-        write!(
-            f,
-            " (ok {} of {}, quorum {}",
-            self.granted(),
-            round.nodes.len(),
-            round.quorum
-        )?;
+        write!(f, " (ok {} of {}, quorum {}", self.granted(), round.nodes.len(), round.quorum)?;
         let counts = [
             ("held by another owner", self.held_by_others()),
             ("key absent", self.absent()),
             ("wrong type", round.count(|o| *o == NodeOutcome::WrongType)),
             ("timed out", round.count(|o| *o == NodeOutcome::TimedOut)),
-            (
-                "unreachable",
-                round.count(|o| matches!(o, NodeOutcome::Unreachable(_))),
-            ),
-            (
-                "failed",
-                round.count(|o| matches!(o, NodeOutcome::Failed(_))),
-            ),
+            ("unreachable", round.count(|o| matches!(o, NodeOutcome::Unreachable(_)))),
+            ("failed", round.count(|o| matches!(o, NodeOutcome::Failed(_)))),
+            ("in restart quarantine", round.count(|o| *o == NodeOutcome::Quarantined)),
             ("not waited for", self.pending()),
         ];
         for (label, count) in counts.into_iter().filter(|&(_, count)| count > 0) {
@@ -296,8 +280,7 @@ impl fmt::Debug for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let inner = &*self.inner;
         let mut d = f.debug_struct("Error");
-        d.field("kind", &inner.kind)
-            .field("message", &inner.message);
+        d.field("kind", &inner.kind).field("message", &inner.message);
         if let Some(resource) = &inner.resource {
             d.field("resource", resource);
         }

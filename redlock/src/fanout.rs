@@ -81,12 +81,7 @@ where
     };
     let decided_at = Instant::now();
     drain_in_background(in_flight);
-    Round {
-        outcomes,
-        decision,
-        started_at,
-        decided_at,
-    }
+    Round { outcomes, decision, started_at, decided_at }
 }
 
 /// Waits for every request (each bounded by its own timeout).
@@ -121,9 +116,7 @@ pub(crate) async fn bounded(
     timeout: Duration,
     request: impl Future<Output = NodeOutcome>,
 ) -> NodeOutcome {
-    tokio::time::timeout(timeout, request)
-        .await
-        .unwrap_or(NodeOutcome::TimedOut)
+    tokio::time::timeout(timeout, request).await.unwrap_or(NodeOutcome::TimedOut)
 }
 
 /// Makes a request shareable, so that a later request to the same node can wait for it.

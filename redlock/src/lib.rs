@@ -87,6 +87,7 @@ mod fanout;
 mod lock;
 mod node;
 mod protocol;
+mod quarantine;
 mod quorum;
 mod redlock;
 mod retry;

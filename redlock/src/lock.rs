@@ -23,13 +23,7 @@ pub(crate) struct Claim {
 
 impl Claim {
     pub(crate) fn new(inner: Arc<Inner>, key: Arc<str>, token: Arc<str>) -> Self {
-        Self {
-            inner,
-            key,
-            token,
-            in_flight: Vec::new(),
-            armed: true,
-        }
+        Self { inner, key, token, in_flight: Vec::new(), armed: true }
     }
 
     /// Remembers the `SET`s still in flight, so that releases wait for them.
@@ -40,11 +34,7 @@ impl Claim {
     /// Hands the key, token and in-flight `SET`s over to the caller, who releases them.
     pub(crate) fn disarm(mut self) -> (Arc<str>, Arc<str>, Vec<Option<InFlight>>) {
         self.armed = false;
-        (
-            self.key.clone(),
-            self.token.clone(),
-            std::mem::take(&mut self.in_flight),
-        )
+        (self.key.clone(), self.token.clone(), std::mem::take(&mut self.in_flight))
     }
 }
 
@@ -56,8 +46,7 @@ impl Drop for Claim {
         // Never block here: the release runs as tasks on the runtime, or not at all.
         if tokio::runtime::Handle::try_current().is_ok() {
             let in_flight = std::mem::take(&mut self.in_flight);
-            self.inner
-                .release_detached(&self.key, &self.token, in_flight);
+            self.inner.release_detached(&self.key, &self.token, in_flight);
         } else {
             tracing::warn!(
                 target: "redlock",
@@ -95,11 +84,7 @@ impl fmt::Debug for Lock {
 
 impl Lock {
     pub(crate) fn new(claim: Claim, resource_len: usize, deadline: Instant) -> Self {
-        Self {
-            claim,
-            resource_len,
-            deadline,
-        }
+        Self { claim, resource_len, deadline }
     }
 
     /// The resource name, as passed to the lock call.
@@ -159,9 +144,8 @@ impl Lock {
         // Cloned, not taken: if this future is dropped mid-round, releases still wait for
         // the SETs that were in flight before it.
         let previous = self.claim.in_flight.clone();
-        let (round, validity, in_flight) = inner
-            .extend(&self.claim.key, &self.claim.token, ttl_ms, previous)
-            .await;
+        let (round, validity, in_flight) =
+            inner.extend(&self.claim.key, &self.claim.token, ttl_ms, previous).await;
         self.claim.track(in_flight);
         if round.decided_at >= self.deadline {
             // The lease ran out while we asked: another client may already hold the lock.
@@ -200,9 +184,7 @@ impl Lock {
         let was_valid = self.is_valid();
         let inner = self.claim.inner.clone();
         let in_flight = self.claim.in_flight.clone();
-        let round = inner
-            .release(&self.claim.key, &self.claim.token, in_flight)
-            .await;
+        let round = inner.release(&self.claim.key, &self.claim.token, in_flight).await;
         let resource = self.resource().to_owned();
         // Only now: if this future is dropped mid-round, Drop releases again.
         let _ = self.into_claim().disarm();

@@ -6,13 +6,14 @@
 //! been answered yet (a hung node) is processed after that `SET` once the node wakes up.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::future::{BoxFuture, FutureExt, Shared};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, Cmd, RedisError, Value};
 
 use crate::error::NodeOutcome;
+use crate::quarantine;
 use crate::script::Script;
 
 /// Why a request to a node did not produce a reply.
@@ -27,10 +28,7 @@ pub(crate) enum Failure {
 impl Failure {
     fn from_redis(err: &RedisError) -> Self {
         match err.code() {
-            Some(code) => Self::Server {
-                code: code.into(),
-                message: err.to_string().into(),
-            },
+            Some(code) => Self::Server { code: code.into(), message: err.to_string().into() },
             None => Self::Unreachable(err.to_string().into()),
         }
     }
@@ -61,14 +59,8 @@ type Connecting = Shared<BoxFuture<'static, Result<MultiplexedConnection, Failur
 
 enum State {
     Idle,
-    Connecting {
-        generation: u64,
-        future: Connecting,
-    },
-    Ready {
-        generation: u64,
-        connection: MultiplexedConnection,
-    },
+    Connecting { generation: u64, future: Connecting },
+    Ready { generation: u64, connection: MultiplexedConnection },
 }
 
 /// A connection and the generation that identifies it, so that a caller who saw it fail
@@ -85,18 +77,20 @@ pub(crate) struct Node {
     client: Client,
     connect_timeout: Duration,
     state: Mutex<(u64, State)>,
+    /// Zero when restart quarantine is off.
+    quarantine: Duration,
+    /// When the quarantine of the node's current process ends, as of the last connect.
+    quarantined_until: Arc<Mutex<Option<Instant>>>,
 }
 
 impl std::fmt::Debug for Node {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Node")
-            .field("name", &self.name)
-            .finish_non_exhaustive()
+        f.debug_struct("Node").field("name", &self.name).finish_non_exhaustive()
     }
 }
 
 impl Node {
-    pub(crate) fn new(client: Client, connect_timeout: Duration) -> Self {
+    pub(crate) fn new(client: Client, connect_timeout: Duration, quarantine: Duration) -> Self {
         let info = client.get_connection_info();
         let name = format!("{}/{}", info.addr(), info.redis_settings().db()).into();
         Self {
@@ -104,7 +98,17 @@ impl Node {
             client,
             connect_timeout,
             state: Mutex::new((0, State::Idle)),
+            quarantine,
+            quarantined_until: Arc::default(),
         }
+    }
+
+    /// Whether the node's process started less than the restart quarantine ago, so that its
+    /// answers must not count toward a quorum. Every restart breaks our connection, and
+    /// every new connection re-reads the node's uptime before it is used.
+    pub(crate) fn in_quarantine(&self) -> bool {
+        !self.quarantine.is_zero()
+            && lock_ignoring_poison(&self.quarantined_until).is_some_and(|end| Instant::now() < end)
     }
 
     /// `host:port/db`, the identity used in reports and to detect duplicate nodes.
@@ -164,10 +168,7 @@ impl Node {
             let mut guard = self.lock_state();
             let (counter, state) = &mut *guard;
             match state {
-                State::Ready {
-                    generation,
-                    connection,
-                } => {
+                State::Ready { generation, connection } => {
                     return Ok(Handle {
                         generation: *generation,
                         connection: connection.clone(),
@@ -178,10 +179,7 @@ impl Node {
                 State::Idle => {
                     *counter += 1;
                     let future = self.connect().boxed().shared();
-                    *state = State::Connecting {
-                        generation: *counter,
-                        future: future.clone(),
-                    };
+                    *state = State::Connecting { generation: *counter, future: future.clone() };
                     (*counter, future)
                 }
             }
@@ -191,35 +189,33 @@ impl Node {
         let (_, state) = &mut *guard;
         if matches!(state, State::Connecting { generation: g, .. } if *g == generation) {
             *state = match &result {
-                Ok(connection) => State::Ready {
-                    generation,
-                    connection: connection.clone(),
-                },
+                Ok(connection) => State::Ready { generation, connection: connection.clone() },
                 Err(_) => State::Idle,
             };
         }
-        result.map(|connection| Handle {
-            generation,
-            connection,
-            fresh: true,
-        })
+        result.map(|connection| Handle { generation, connection, fresh: true })
     }
 
     fn connect(&self) -> impl Future<Output = Result<MultiplexedConnection, Failure>> + use<> {
         let client = self.client.clone();
         let timeout = self.connect_timeout;
+        let (quarantine, quarantined_until) = (self.quarantine, self.quarantined_until.clone());
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(timeout))
             .set_response_timeout(None);
         async move {
             // The deadline counts from the first poll, so a connect that nobody waited on
             // for a while cannot hand out a connection to a node that stopped answering.
-            match tokio::time::timeout(
-                timeout,
-                client.get_multiplexed_async_connection_with_config(&config),
-            )
-            .await
-            {
+            let open = async {
+                let mut connection =
+                    client.get_multiplexed_async_connection_with_config(&config).await?;
+                if !quarantine.is_zero() {
+                    let end = read_quarantine_end(&mut connection, quarantine).await?;
+                    *lock_ignoring_poison(&quarantined_until) = end;
+                }
+                Ok::<_, RedisError>(connection)
+            };
+            match tokio::time::timeout(timeout, open).await {
                 Ok(Ok(connection)) => Ok(connection),
                 Ok(Err(err)) => Err(Failure::Unreachable(err.to_string().into())),
                 Err(_) => Err(Failure::Unreachable("connect timed out".into())),
@@ -236,9 +232,29 @@ impl Node {
     }
 
     fn lock_state(&self) -> MutexGuard<'_, (u64, State)> {
-        // The critical sections never panic; if one ever did, its state is still usable.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        lock_ignoring_poison(&self.state)
     }
+}
+
+/// The critical sections never panic; if one ever did, its state is still usable.
+fn lock_ignoring_poison<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Asks a freshly opened connection how long its node has been up.
+async fn read_quarantine_end(
+    connection: &mut MultiplexedConnection,
+    quarantine: Duration,
+) -> Result<Option<Instant>, RedisError> {
+    let reply = connection.send_packed_command(redis::cmd("INFO").arg("server")).await?;
+    let replied_at = Instant::now();
+    let info: String = redis::from_redis_value(reply)?;
+    let uptime = quarantine::parse_uptime(&info).unwrap_or_else(|| {
+        // Without an uptime, the safe assumption is a process that just started.
+        tracing::warn!(target: "redlock", "INFO server reports no uptime: assuming a restart");
+        Duration::ZERO
+    });
+    Ok(quarantine::end(replied_at, uptime, quarantine))
 }
 
 enum Sent {

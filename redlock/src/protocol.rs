@@ -24,16 +24,11 @@ pub(crate) async fn acquire(
     ttl_ms: u64,
 ) -> NodeOutcome {
     let mut cmd = redis::cmd("SET");
-    cmd.arg(&*key)
-        .arg(&*token)
-        .arg("NX")
-        .arg("GET")
-        .arg("PX")
-        .arg(ttl_ms);
+    cmd.arg(&*key).arg(&*token).arg("NX").arg("GET").arg("PX").arg(ttl_ms);
     match node.request(&cmd).await {
-        Ok(Value::Nil) => NodeOutcome::Ok,
+        Ok(Value::Nil) => vote(&node),
         // Our own token: an earlier send of this very attempt landed (a retried request).
-        Ok(Value::BulkString(holder)) if holder == token.as_bytes() => NodeOutcome::Ok,
+        Ok(Value::BulkString(holder)) if holder == token.as_bytes() => vote(&node),
         Ok(Value::BulkString(_)) => NodeOutcome::Held,
         Ok(other) => unexpected(&other),
         Err(failure) => failure.into_outcome(),
@@ -54,10 +49,16 @@ pub(crate) async fn extend(
     ttl_ms: u64,
 ) -> NodeOutcome {
     let ttl = ttl_ms.to_string();
-    let reply = node
-        .eval(&EXTEND, &[&key], &[token.as_bytes(), ttl.as_bytes()])
-        .await;
-    script_outcome(reply)
+    let reply = node.eval(&EXTEND, &[&key], &[token.as_bytes(), ttl.as_bytes()]).await;
+    match script_outcome(reply) {
+        NodeOutcome::Ok => vote(&node),
+        other => other,
+    }
+}
+
+/// A yes from a node in restart quarantine is written but not counted.
+fn vote(node: &Node) -> NodeOutcome {
+    if node.in_quarantine() { NodeOutcome::Quarantined } else { NodeOutcome::Ok }
 }
 
 /// Both scripts answer 1 (done), 0 (our key was absent) or -1 (another owner's key).

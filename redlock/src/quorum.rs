@@ -30,9 +30,7 @@ pub(crate) fn drift(ttl: Duration, factor: f64) -> Duration {
 /// What remains of a lease of `ttl` after `elapsed` and the drift allowance, or `None` when
 /// nothing remains (a failed attempt, never a lock that is already over).
 pub(crate) fn validity(ttl: Duration, elapsed: Duration, drift: Duration) -> Option<Duration> {
-    ttl.checked_sub(elapsed)?
-        .checked_sub(drift)
-        .filter(|left| !left.is_zero())
+    ttl.checked_sub(elapsed)?.checked_sub(drift).filter(|left| !left.is_zero())
 }
 
 /// The one conversion from a `Duration` to the milliseconds Redis expects.
@@ -85,14 +83,8 @@ mod tests {
 
     #[test]
     fn drift_follows_the_reference_constant() {
-        assert_eq!(
-            drift(Duration::from_secs(10), 0.01),
-            Duration::from_millis(102)
-        );
-        assert_eq!(
-            drift(Duration::from_secs(10), 0.0),
-            Duration::from_millis(2)
-        );
+        assert_eq!(drift(Duration::from_secs(10), 0.01), Duration::from_millis(102));
+        assert_eq!(drift(Duration::from_secs(10), 0.0), Duration::from_millis(2));
     }
 
     #[test]

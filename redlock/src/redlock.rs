@@ -59,9 +59,7 @@ impl Redlock {
     }
 
     pub(crate) fn from_config(nodes: Vec<Arc<Node>>, config: Config) -> Self {
-        Self {
-            inner: Arc::new(Inner { nodes, config }),
-        }
+        Self { inner: Arc::new(Inner { nodes, config }) }
     }
 
     /// How many nodes must agree: `N/2 + 1`.
@@ -121,12 +119,7 @@ impl Redlock {
             if !err.is_retryable() {
                 return Err(err);
             }
-            match self
-                .inner
-                .config
-                .retry
-                .next_pause(attempts, first.elapsed())
-            {
+            match self.inner.config.retry.next_pause(attempts, first.elapsed()) {
                 Some(pause) => tokio::time::sleep(pause).await,
                 None => return Err(err),
             }
@@ -140,11 +133,7 @@ impl Inner {
             return Err(Error::config("the resource name is empty"));
         }
         let prefix = &self.config.key_prefix;
-        Ok(if prefix.is_empty() {
-            resource.into()
-        } else {
-            format!("{prefix}{resource}").into()
-        })
+        Ok(if prefix.is_empty() { resource.into() } else { format!("{prefix}{resource}").into() })
     }
 
     fn drift(&self, lease: Duration) -> Duration {
@@ -162,10 +151,7 @@ impl Inner {
             elapsed = tracing::field::Empty,
             nodes = tracing::field::Empty,
         );
-        let result = self
-            .acquire_round(resource, key, ttl_ms)
-            .instrument(span.clone())
-            .await;
+        let result = self.acquire_round(resource, key, ttl_ms).instrument(span.clone()).await;
         if !span.is_disabled() {
             let (outcome, round) = match &result {
                 Ok((_, round)) => ("granted", round),
@@ -173,10 +159,7 @@ impl Inner {
             };
             span.record("outcome", outcome);
             span.record("elapsed", tracing::field::debug(round.elapsed()));
-            span.record(
-                "nodes",
-                tracing::field::display(outcomes_summary(&round.outcomes)),
-            );
+            span.record("nodes", tracing::field::display(outcomes_summary(&round.outcomes)));
             tracing::debug!(target: "redlock", parent: &span, "attempt decided");
         }
         result.map(|(lock, _)| lock).map_err(|(err, _)| err)
@@ -241,7 +224,8 @@ impl Inner {
         let n = self.nodes.len();
         let spare = n - quorum::quorum(n);
         let held = round.count(|o| *o == NodeOutcome::Held);
-        let faulty = round.count(NodeOutcome::is_fault);
+        // Quarantined nodes are as good as down for the quorum.
+        let faulty = round.count(|o| o.is_fault() || *o == NodeOutcome::Quarantined);
         let (kind, message) = if round.decision == Decision::Reached {
             (
                 ErrorKind::Expired,
@@ -355,11 +339,7 @@ impl Inner {
     pub(crate) fn lost_error(&self, resource: &str, what: &str, round: &Round) -> Error {
         let spare = self.nodes.len() - quorum::quorum(self.nodes.len());
         let gone = round.count(|o| matches!(o, NodeOutcome::Absent | NodeOutcome::Held));
-        let kind = if gone > spare {
-            ErrorKind::NotHeld
-        } else {
-            ErrorKind::Unavailable
-        };
+        let kind = if gone > spare { ErrorKind::NotHeld } else { ErrorKind::Unavailable };
         let message = match kind {
             ErrorKind::NotHeld => format!("{what}: our token is gone from too many nodes"),
             _ => format!("{what} reached too few nodes"),

@@ -11,10 +11,7 @@ pub(crate) struct Script {
 
 impl Script {
     pub(crate) fn new(source: &'static str) -> Self {
-        Self {
-            source,
-            sha: redis::Script::new(source).get_hash().to_owned(),
-        }
+        Self { source, sha: redis::Script::new(source).get_hash().to_owned() }
     }
 
     /// `EVALSHA sha numkeys keys.. args..`

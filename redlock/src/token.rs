@@ -27,10 +27,6 @@ mod tests {
     fn tokens_are_160_bit_hex_and_unique() {
         let tokens: HashSet<String> = (0..10_000).map(|_| generate()).collect();
         assert_eq!(tokens.len(), 10_000);
-        assert!(
-            tokens
-                .iter()
-                .all(|t| t.len() == 40 && t.bytes().all(|b| b.is_ascii_hexdigit()))
-        );
+        assert!(tokens.iter().all(|t| t.len() == 40 && t.bytes().all(|b| b.is_ascii_hexdigit())));
     }
 }

@@ -101,9 +101,7 @@ async fn a_foreign_owner_on_a_majority_wins_and_our_partial_keys_are_removed() {
     assert_eq!(err.quorum(), Some(3));
     assert_eq!(cluster.nodes_holding("contended", "foreign"), vec![0, 2, 4]);
     assert!(
-        common::eventually(Duration::from_secs(1), || cluster.count_key("contended")
-            == 3)
-        .await,
+        common::eventually(Duration::from_secs(1), || cluster.count_key("contended") == 3).await,
         "the failed attempt's keys on nodes 1 and 3 are gone"
     );
 }
@@ -125,10 +123,7 @@ async fn the_seed_protocol_interoperates() {
             .unwrap();
         assert_eq!(set.as_deref(), Some("OK"));
     }
-    assert_eq!(
-        rl.try_lock("seed").await.unwrap_err().kind(),
-        ErrorKind::NotAcquired
-    );
+    assert_eq!(rl.try_lock("seed").await.unwrap_err().kind(), ErrorKind::NotAcquired);
     for node in cluster.nodes() {
         node.flushall().unwrap();
     }
@@ -158,20 +153,12 @@ async fn a_key_of_another_type_is_an_error_and_is_left_alone() {
     let cluster = common::cluster(3);
     for node in cluster.nodes() {
         let mut con = node.connection().unwrap();
-        let _: i64 = redis::cmd("RPUSH")
-            .arg("queue")
-            .arg("item")
-            .query(&mut con)
-            .unwrap();
+        let _: i64 = redis::cmd("RPUSH").arg("queue").arg("item").query(&mut con).unwrap();
     }
     let rl = common::client(&cluster);
     let err = rl.try_lock("queue").await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::WrongType, "{err}");
-    assert!(
-        err.nodes()
-            .iter()
-            .any(|n| *n.outcome() == NodeOutcome::WrongType)
-    );
+    assert!(err.nodes().iter().any(|n| *n.outcome() == NodeOutcome::WrongType));
     assert!(!err.is_retryable());
     for node in cluster.nodes() {
         let mut con = node.connection().unwrap();
@@ -186,22 +173,14 @@ async fn an_empty_resource_name_is_a_config_error() {
     let rl = common::client(&cluster);
     assert_eq!(rl.try_lock("").await.unwrap_err().kind(), ErrorKind::Config);
     assert_eq!(rl.lock("").await.unwrap_err().kind(), ErrorKind::Config);
-    assert_eq!(
-        rl.try_lock_for("x", Duration::ZERO)
-            .await
-            .unwrap_err()
-            .kind(),
-        ErrorKind::Config
-    );
+    assert_eq!(rl.try_lock_for("x", Duration::ZERO).await.unwrap_err().kind(), ErrorKind::Config);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_prefix_is_put_before_the_resource() {
     let cluster = common::cluster(3);
-    let rl = common::builder(&cluster, Duration::from_millis(200))
-        .key_prefix("locks:")
-        .build()
-        .unwrap();
+    let rl =
+        common::builder(&cluster, Duration::from_millis(200)).key_prefix("locks:").build().unwrap();
     let lock = rl.try_lock("orders:1").await.unwrap();
     assert_eq!(lock.resource(), "orders:1");
     assert_eq!(lock.key(), "locks:orders:1");
@@ -224,9 +203,5 @@ async fn even_node_counts_need_more_than_half() {
     let rl = common::client(&cluster);
     assert_eq!(rl.quorum(), 3);
     let err = rl.try_lock("even").await.unwrap_err();
-    assert_eq!(
-        err.kind(),
-        ErrorKind::NotAcquired,
-        "two of four is not a quorum: {err}"
-    );
+    assert_eq!(err.kind(), ErrorKind::NotAcquired, "two of four is not a quorum: {err}");
 }

@@ -27,10 +27,7 @@ async fn a_dropped_lock_is_released_on_a_current_thread_runtime_too() {
 #[test]
 fn a_lock_dropped_outside_a_runtime_is_left_to_its_ttl() {
     let cluster = common::cluster(3);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let lock = runtime.block_on(async {
         let rl = common::client(&cluster);
         let lock = rl.try_lock_for("k", Duration::from_secs(5)).await.unwrap();
@@ -43,18 +40,13 @@ fn a_lock_dropped_outside_a_runtime_is_left_to_its_ttl() {
     drop(runtime);
     drop(lock); // no runtime: logs, no panic, no blocking
     assert_eq!(cluster.count_key("k"), 3);
-    assert!(
-        cluster.node(0).pttl("k").unwrap() > 0,
-        "the key still expires"
-    );
+    assert!(cluster.node(0).pttl("k").unwrap() > 0, "the key still expires");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_lock_call_leaves_no_key() {
     let mut cluster = common::cluster(5);
-    let rl = common::builder(&cluster, Duration::from_secs(2))
-        .build()
-        .unwrap();
+    let rl = common::builder(&cluster, Duration::from_secs(2)).build().unwrap();
     rl.try_lock("warm").await.unwrap().release().await.unwrap();
     // With a majority hung the attempt is still in flight when we give up on it; its SETs
     // are queued on the hung nodes.
@@ -62,10 +54,7 @@ async fn a_cancelled_lock_call_leaves_no_key() {
         cluster.node_mut(i).pause().unwrap();
     }
     let attempt = tokio::time::timeout(Duration::from_millis(100), rl.lock("k")).await;
-    assert!(
-        attempt.is_err(),
-        "the attempt should still have been running"
-    );
+    assert!(attempt.is_err(), "the attempt should still have been running");
     for i in [0, 1, 2] {
         cluster.node_mut(i).resume().unwrap();
     }

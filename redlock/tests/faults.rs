@@ -20,10 +20,7 @@ async fn a_killed_minority_does_not_prevent_the_lock() {
             cluster.node_mut(i).kill().unwrap();
         }
         let rl = common::builder(&cluster, NODE_TIMEOUT).build().unwrap();
-        let lock = rl
-            .try_lock("k")
-            .await
-            .unwrap_or_else(|err| panic!("killed {killed:?}: {err}"));
+        let lock = rl.try_lock("k").await.unwrap_or_else(|err| panic!("killed {killed:?}: {err}"));
         lock.release().await.unwrap();
         assert_eq!(cluster.count_key("k"), 0);
     }
@@ -131,10 +128,7 @@ async fn many_concurrent_callers_are_not_queued_behind_a_hung_node() {
 async fn validity_accounts_for_slow_nodes() {
     let mut cluster = common::cluster(3);
     let ttl = Duration::from_secs(2);
-    let rl = common::builder(&cluster, Duration::from_secs(1))
-        .ttl(ttl)
-        .build()
-        .unwrap();
+    let rl = common::builder(&cluster, Duration::from_secs(1)).ttl(ttl).build().unwrap();
     rl.try_lock("warm").await.unwrap().release().await.unwrap();
     // Two of three nodes answer only after 300 ms: the quorum needs one of them.
     let slow = Duration::from_millis(300);
@@ -158,10 +152,7 @@ async fn validity_accounts_for_slow_nodes() {
 async fn latency_that_eats_the_lease_is_refused_not_granted_expired() {
     let mut cluster = common::cluster(3);
     let ttl = Duration::from_millis(200);
-    let rl = common::builder(&cluster, Duration::from_secs(2))
-        .ttl(ttl)
-        .build()
-        .unwrap();
+    let rl = common::builder(&cluster, Duration::from_secs(2)).ttl(ttl).build().unwrap();
     rl.try_lock("warm").await.unwrap().release().await.unwrap();
     let slowdown = common::Slowdown::start(&mut cluster, &[1, 2], Duration::from_millis(300));
     let err = rl.try_lock("k").await.unwrap_err();

@@ -10,10 +10,7 @@ use redlock::ErrorKind;
 async fn release_after_expiry_reports_not_held_and_spares_the_new_owner() {
     let cluster = common::cluster(5);
     let rl = common::client(&cluster);
-    let stale = rl
-        .try_lock_for("k", Duration::from_millis(50))
-        .await
-        .unwrap();
+    let stale = rl.try_lock_for("k", Duration::from_millis(50)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(120)).await;
     assert_eq!(stale.validity(), Duration::ZERO);
     let fresh = rl.try_lock("k").await.unwrap();
@@ -32,16 +29,11 @@ async fn release_after_expiry_reports_not_held_and_spares_the_new_owner() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_with_a_locally_expired_lease_still_removes_our_keys_but_says_so() {
     let cluster = common::cluster(3);
-    let rl = common::builder(&cluster, Duration::from_millis(200))
-        .drift_factor(0.5)
-        .build()
-        .unwrap();
+    let rl =
+        common::builder(&cluster, Duration::from_millis(200)).drift_factor(0.5).build().unwrap();
     // A 100 ms lease with a 50% drift allowance is locally over after ~48 ms, while the
     // keys live 100 ms on the nodes.
-    let lock = rl
-        .try_lock_for("k", Duration::from_millis(100))
-        .await
-        .unwrap();
+    let lock = rl.try_lock_for("k", Duration::from_millis(100)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(60)).await;
     assert!(!lock.is_valid());
     let err = lock.release().await.unwrap_err();
@@ -53,17 +45,10 @@ async fn release_with_a_locally_expired_lease_still_removes_our_keys_but_says_so
 async fn extend_renews_the_lease_from_its_own_start() {
     let cluster = common::cluster(5);
     let rl = common::client(&cluster);
-    let mut lock = rl
-        .try_lock_for("k", Duration::from_millis(500))
-        .await
-        .unwrap();
+    let mut lock = rl.try_lock_for("k", Duration::from_millis(500)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     lock.extend(Duration::from_secs(5)).await.unwrap();
-    assert!(
-        lock.validity() > Duration::from_millis(4_800),
-        "{:?}",
-        lock.validity()
-    );
+    assert!(lock.validity() > Duration::from_millis(4_800), "{:?}", lock.validity());
     assert!(lock.validity() <= Duration::from_secs(5) - Duration::from_millis(52));
     for node in cluster.nodes() {
         let pttl = node.pttl("k").unwrap();
@@ -71,10 +56,7 @@ async fn extend_renews_the_lease_from_its_own_start() {
     }
     // Still held past the original lease.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(
-        rl.try_lock("k").await.unwrap_err().kind(),
-        ErrorKind::NotAcquired
-    );
+    assert_eq!(rl.try_lock("k").await.unwrap_err().kind(), ErrorKind::NotAcquired);
     lock.release().await.unwrap();
 }
 
@@ -87,11 +69,7 @@ async fn extend_heals_a_node_that_lost_the_key_without_counting_it() {
     assert_eq!(cluster.node(0).get("k").unwrap(), None);
     lock.extend(Duration::from_secs(10)).await.unwrap();
     assert!(
-        common::eventually(Duration::from_secs(1), || cluster
-            .node(0)
-            .get("k")
-            .unwrap()
-            .as_deref()
+        common::eventually(Duration::from_secs(1), || cluster.node(0).get("k").unwrap().as_deref()
             == Some(lock.token()))
         .await,
         "the restarted node got our key back"
@@ -131,11 +109,7 @@ async fn a_failed_extend_deletes_nothing_and_keeps_the_old_validity() {
         "a failed extend deletes nothing"
     );
     for i in [0, 1, 2] {
-        assert_eq!(
-            cluster.node(i).pttl("k").unwrap(),
-            -1,
-            "the foreign keys' expiry is untouched"
-        );
+        assert_eq!(cluster.node(i).pttl("k").unwrap(), -1, "the foreign keys' expiry is untouched");
     }
     lock.release().await.unwrap_err();
     assert_eq!(cluster.nodes_holding("k", "foreign"), vec![0, 1, 2]);
@@ -146,10 +120,7 @@ async fn a_failed_extend_deletes_nothing_and_keeps_the_old_validity() {
 async fn extend_refuses_once_the_validity_is_over() {
     let cluster = common::cluster(3);
     let rl = common::client(&cluster);
-    let mut lock = rl
-        .try_lock_for("k", Duration::from_millis(30))
-        .await
-        .unwrap();
+    let mut lock = rl.try_lock_for("k", Duration::from_millis(30)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(60)).await;
     let err = lock.extend(Duration::from_secs(10)).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotHeld);
@@ -167,8 +138,5 @@ async fn extend_with_a_killed_majority_is_unavailable() {
     let err = lock.extend(Duration::from_secs(10)).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
     assert!(lock.is_valid(), "the current lease is unaffected");
-    assert_eq!(
-        cluster.node(2).get("k").unwrap().as_deref(),
-        Some(lock.token())
-    );
+    assert_eq!(cluster.node(2).get("k").unwrap().as_deref(), Some(lock.token()));
 }

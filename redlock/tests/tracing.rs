@@ -44,10 +44,7 @@ async fn an_attempt_is_a_span_with_outcome_and_nodes() {
     let lock = rl.try_lock("traced").await.unwrap();
     lock.release().await.unwrap();
     let mut other = rl.try_lock("elsewhere").await.unwrap();
-    other
-        .extend(std::time::Duration::from_secs(1))
-        .await
-        .unwrap();
+    other.extend(std::time::Duration::from_secs(1)).await.unwrap();
     cluster.node(0).set("busy", "foreign").unwrap();
     cluster.node(1).set("busy", "foreign").unwrap();
     rl.try_lock("busy").await.unwrap_err();
@@ -58,9 +55,6 @@ async fn an_attempt_is_a_span_with_outcome_and_nodes() {
     assert!(log.contains("resource=\"traced\""), "{log}");
     assert!(log.contains("outcome=\"granted\""), "{log}");
     assert!(log.contains("outcome=\"not_acquired\""), "{log}");
-    assert!(
-        log.contains("held by another owner"),
-        "per-node results: {log}"
-    );
+    assert!(log.contains("held by another owner"), "per-node results: {log}");
     assert!(log.contains("elapsed="), "{log}");
 }

@@ -21,9 +21,7 @@ pub fn builder(cluster: &Cluster, node_timeout: Duration) -> RedlockBuilder {
 }
 
 pub fn client(cluster: &Cluster) -> Redlock {
-    builder(cluster, Duration::from_millis(200))
-        .build()
-        .unwrap()
+    builder(cluster, Duration::from_millis(200)).build().unwrap()
 }
 
 /// Polls `check` until it holds or `within` passes.
@@ -62,10 +60,7 @@ impl Slowdown {
                 })
             })
             .collect();
-        Self {
-            nodes: nodes.to_vec(),
-            wakers,
-        }
+        Self { nodes: nodes.to_vec(), wakers }
     }
 
     /// Waits for the wake-ups and brings the testkit's bookkeeping up to date.

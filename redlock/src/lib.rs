@@ -86,6 +86,7 @@ mod error;
 mod fanout;
 mod lock;
 mod node;
+mod notify;
 mod protocol;
 mod quarantine;
 mod quorum;

@@ -111,6 +111,16 @@ impl Node {
             && lock_ignoring_poison(&self.quarantined_until).is_some_and(|end| Instant::now() < end)
     }
 
+    /// The node's client, for connections of other kinds (pub/sub).
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// How long one connection attempt may run.
+    pub(crate) fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
     /// `host:port/db`, the identity used in reports and to detect duplicate nodes.
     pub(crate) fn name(&self) -> &Arc<str> {
         &self.name

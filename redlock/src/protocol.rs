@@ -35,9 +35,15 @@ pub(crate) async fn acquire(
     }
 }
 
-/// The compare-and-delete script: our key goes, anyone else's stays.
-pub(crate) async fn release(node: Arc<Node>, key: Arc<str>, token: Arc<str>) -> NodeOutcome {
-    let reply = node.eval(&RELEASE, &[&key], &[token.as_bytes()]).await;
+/// The compare-and-delete script: our key goes, anyone else's stays; waiters subscribed to
+/// `channel` are told.
+pub(crate) async fn release(
+    node: Arc<Node>,
+    key: Arc<str>,
+    token: Arc<str>,
+    channel: Arc<str>,
+) -> NodeOutcome {
+    let reply = node.eval(&RELEASE, &[&key], &[token.as_bytes(), channel.as_bytes()]).await;
     script_outcome(reply)
 }
 

@@ -12,9 +12,10 @@ use crate::error::{Error, ErrorKind, NodeOutcome, Result};
 use crate::fanout::{self, InFlight, Round};
 use crate::lock::{Claim, Lock};
 use crate::node::Node;
+use crate::notify::{ReleaseWatch, Releases};
 use crate::quorum::{self, Decision};
-use crate::retry::Retry;
-use crate::{protocol, token};
+use crate::retry::{self, Retry};
+use crate::{notify, protocol, token};
 
 /// A client for distributed locks over N independent Redis masters.
 ///
@@ -30,6 +31,7 @@ pub struct Redlock {
 pub(crate) struct Inner {
     pub(crate) nodes: Vec<Arc<Node>>,
     pub(crate) config: Config,
+    releases: Releases,
 }
 
 /// The validated configuration.
@@ -59,7 +61,8 @@ impl Redlock {
     }
 
     pub(crate) fn from_config(nodes: Vec<Arc<Node>>, config: Config) -> Self {
-        Self { inner: Arc::new(Inner { nodes, config }) }
+        let releases = Releases::new(&nodes);
+        Self { inner: Arc::new(Inner { nodes, config, releases }) }
     }
 
     /// How many nodes must agree: `N/2 + 1`.
@@ -97,8 +100,14 @@ impl Redlock {
 
     /// Locks `resource` for the default TTL, retrying per the [`Retry`] policy.
     ///
+    /// Between attempts it waits for a release of the resource (published by every
+    /// release, received over one pub/sub connection per node shared by all waiters) or
+    /// for the policy's jittered pause, whichever comes first, so a handoff does not wait
+    /// for a polling interval, and a lost notification or a lock left to expire costs at
+    /// most one pause.
+    ///
     /// Cancellation-safe: dropping the future releases whatever the attempt in progress
-    /// may have set, and leaves no lock behind. Returns the last attempt's error when the
+    /// may have set and unsubscribes, leaving no lock and no subscription behind. Returns the last attempt's error when the
     /// policy gives up.
     pub async fn lock(&self, resource: &str) -> Result<Lock> {
         self.lock_for(resource, self.ttl()).await
@@ -110,8 +119,14 @@ impl Redlock {
         let key = self.inner.key(resource)?;
         let first = Instant::now();
         let mut attempts = 0;
+        // Subscribed after the first failure only: an uncontended lock costs no subscription.
+        let mut releases: Option<ReleaseWatch> = None;
         loop {
             attempts += 1;
+            if let Some(releases) = &mut releases {
+                releases.mark_seen();
+            }
+            let attempt_started = Instant::now();
             let err = match self.inner.attempt(resource, key.clone(), ttl_ms).await {
                 Ok(lock) => return Ok(lock),
                 Err(err) => err,
@@ -119,9 +134,19 @@ impl Redlock {
             if !err.is_retryable() {
                 return Err(err);
             }
-            match self.inner.config.retry.next_pause(attempts, first.elapsed()) {
-                Some(pause) => tokio::time::sleep(pause).await,
-                None => return Err(err),
+            let attempt_took = attempt_started.elapsed();
+            let Some(pause) = self.inner.config.retry.next_pause(attempts, first.elapsed()) else {
+                return Err(err);
+            };
+            let releases = releases.get_or_insert_with(|| self.inner.releases.watch(&key));
+            // Woken by a release on any node, or by the timer: notifications can be lost.
+            tokio::select! {
+                () = releases.released() => {
+                    // Every waiter hears the same release: spread them over a few attempt
+                    // durations, or they split the nodes' votes and nobody wins.
+                    tokio::time::sleep(retry::random_up_to(attempt_took * 3)).await;
+                }
+                () = tokio::time::sleep(pause) => {}
             }
         }
     }
@@ -205,10 +230,11 @@ impl Inner {
     /// a moment ago), in the background on the nodes whose answer is unknown.
     async fn clean_up(&self, claim: Claim, round: &Round) {
         let (key, token, mut in_flight) = claim.disarm();
+        let channel = notify::channel(&key);
         let mut granted = Vec::new();
         let mut uncertain = Vec::new();
         for (i, outcome) in round.outcomes.iter().enumerate() {
-            let request = self.release_request(i, &key, &token, in_flight[i].take());
+            let request = self.release_request(i, &key, &token, &channel, in_flight[i].take());
             match outcome {
                 NodeOutcome::Ok => granted.push(request),
                 // The node answered about someone else's key: ours is not there.
@@ -274,10 +300,11 @@ impl Inner {
         mut in_flight: Vec<Option<InFlight>>,
     ) -> Vec<impl Future<Output = NodeOutcome> + Send + 'static> {
         in_flight.resize(self.nodes.len(), None);
+        let channel = notify::channel(key);
         in_flight
             .into_iter()
             .enumerate()
-            .map(|(i, set)| self.release_request(i, key, token, set))
+            .map(|(i, set)| self.release_request(i, key, token, &channel, set))
             .collect()
     }
 
@@ -288,14 +315,16 @@ impl Inner {
         i: usize,
         key: &Arc<str>,
         token: &Arc<str>,
+        channel: &Arc<str>,
         in_flight: Option<InFlight>,
-    ) -> impl Future<Output = NodeOutcome> + Send + 'static {
-        let (node, key, token) = (self.nodes[i].clone(), key.clone(), token.clone());
+    ) -> impl Future<Output = NodeOutcome> + Send + 'static + use<> {
+        let node = self.nodes[i].clone();
+        let (key, token, channel) = (key.clone(), token.clone(), channel.clone());
         fanout::bounded(self.config.node_timeout, async move {
             if let Some(set) = in_flight {
                 set.await;
             }
-            protocol::release(node, key, token).await
+            protocol::release(node, key, token, channel).await
         })
     }
 

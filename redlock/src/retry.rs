@@ -138,7 +138,8 @@ impl Retry {
     }
 }
 
-fn random_up_to(bound: Duration) -> Duration {
+/// A uniformly random duration in `[0, bound]`.
+pub(crate) fn random_up_to(bound: Duration) -> Duration {
     let nanos = u64::try_from(bound.as_nanos()).unwrap_or(u64::MAX);
     if nanos == 0 {
         return Duration::ZERO;

@@ -84,6 +84,7 @@
 mod builder;
 mod error;
 mod fanout;
+mod lease;
 mod lock;
 mod node;
 mod notify;
@@ -97,6 +98,7 @@ mod token;
 
 pub use crate::builder::RedlockBuilder;
 pub use crate::error::{Error, ErrorKind, NodeOutcome, NodeReport, Result};
+pub use crate::lease::{AutoLock, Lease};
 pub use crate::lock::Lock;
 pub use crate::redlock::Redlock;
 pub use crate::retry::Retry;

@@ -70,6 +70,7 @@ pub struct Lock {
     claim: Claim,
     resource_len: usize,
     deadline: Instant,
+    lease: Duration,
 }
 
 impl fmt::Debug for Lock {
@@ -83,8 +84,13 @@ impl fmt::Debug for Lock {
 }
 
 impl Lock {
-    pub(crate) fn new(claim: Claim, resource_len: usize, deadline: Instant) -> Self {
-        Self { claim, resource_len, deadline }
+    pub(crate) fn new(
+        claim: Claim,
+        resource_len: usize,
+        deadline: Instant,
+        lease: Duration,
+    ) -> Self {
+        Self { claim, resource_len, deadline, lease }
     }
 
     /// The resource name, as passed to the lock call.
@@ -117,9 +123,33 @@ impl Lock {
         self.deadline
     }
 
+    /// The lease of the last grant or extension, as sent to Redis.
+    pub fn ttl(&self) -> Duration {
+        self.lease
+    }
+
     /// Whether the validity has not run out yet.
     pub fn is_valid(&self) -> bool {
         Instant::now() < self.deadline
+    }
+
+    /// Asks the nodes whether a quorum still holds this lock's token: `Ok(true)` if so,
+    /// `Ok(false)` if too many no longer do, [`ErrorKind::Unavailable`] if too few answered.
+    ///
+    /// Advisory only: the answer is stale once it arrives, and a key can outlive its lease
+    /// on a node whose clock runs slow. Only [`validity()`](Lock::validity) is safe to act
+    /// on; use this to detect a lock lost early (a node restarted empty, a key deleted by
+    /// hand), not to decide that a lock is still safe to use.
+    pub async fn is_held(&self) -> Result<bool> {
+        let inner = &self.claim.inner;
+        let round = inner.check(&self.claim.key, &self.claim.token).await;
+        match round.decision {
+            Decision::Reached => Ok(true),
+            Decision::Failed => match inner.lost_error(self.resource(), "check", &round) {
+                err if err.kind() == ErrorKind::NotHeld => Ok(false),
+                err => Err(err),
+            },
+        }
     }
 
     /// Renews the lease to `ttl` from now on every node that still holds our token.
@@ -159,6 +189,7 @@ impl Lock {
         match (round.decision, validity) {
             (Decision::Reached, Some(validity)) => {
                 self.deadline = round.decided_at + validity;
+                self.lease = Duration::from_millis(ttl_ms);
                 Ok(())
             }
             (Decision::Reached, None) => Err(Error::round(

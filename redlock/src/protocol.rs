@@ -62,6 +62,19 @@ pub(crate) async fn extend(
     }
 }
 
+/// `GET key`: whether the node still holds our token.
+pub(crate) async fn holds(node: Arc<Node>, key: Arc<str>, token: Arc<str>) -> NodeOutcome {
+    let mut cmd = redis::cmd("GET");
+    cmd.arg(&*key);
+    match node.request(&cmd).await {
+        Ok(Value::BulkString(value)) if value == token.as_bytes() => NodeOutcome::Ok,
+        Ok(Value::BulkString(_)) => NodeOutcome::Held,
+        Ok(Value::Nil) => NodeOutcome::Absent,
+        Ok(other) => unexpected(&other),
+        Err(failure) => failure.into_outcome(),
+    }
+}
+
 /// A yes from a node in restart quarantine is written but not counted.
 fn vote(node: &Node) -> NodeOutcome {
     if node.in_quarantine() { NodeOutcome::Quarantined } else { NodeOutcome::Ok }

@@ -218,7 +218,7 @@ impl Inner {
         if round.decision == Decision::Reached
             && let Some(validity) = quorum::validity(lease, round.elapsed(), self.drift(lease))
         {
-            let lock = Lock::new(claim, resource.len(), round.decided_at + validity);
+            let lock = Lock::new(claim, resource.len(), round.decided_at + validity, lease);
             return Ok((lock, round));
         }
         let err = self.acquire_error(resource, &round, lease);
@@ -362,6 +362,19 @@ impl Inner {
         };
         let in_flight = still_in_flight(requests, &round);
         (round, validity, in_flight)
+    }
+
+    /// Asks every node whether it still holds `token`.
+    pub(crate) async fn check(&self, key: &Arc<str>, token: &Arc<str>) -> Round {
+        let timeout = self.config.node_timeout;
+        let requests = self
+            .nodes
+            .iter()
+            .map(|node| {
+                fanout::bounded(timeout, protocol::holds(node.clone(), key.clone(), token.clone()))
+            })
+            .collect();
+        fanout::round(requests, Instant::now()).await
     }
 
     /// The error for a release or extend round that missed the quorum.

@@ -28,10 +28,7 @@ pub(crate) fn find_redis_server(
             Ok(candidate)
         } else {
             Err(Error::RedisServerNotFound {
-                looked: format!(
-                    "{ENV_VAR}={} is not an executable file",
-                    candidate.display()
-                ),
+                looked: format!("{ENV_VAR}={} is not an executable file", candidate.display()),
             })
         };
     }
@@ -39,15 +36,12 @@ pub(crate) fn find_redis_server(
         .flat_map(std::env::split_paths)
         .map(|dir| dir.join("redis-server"))
         .find(|candidate| is_executable(candidate))
-        .ok_or_else(|| Error::RedisServerNotFound {
-            looked: "not on PATH".to_owned(),
-        })
+        .ok_or_else(|| Error::RedisServerNotFound { looked: "not on PATH".to_owned() })
 }
 
 fn is_executable(path: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
-    path.metadata()
-        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    path.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
 #[cfg(test)]

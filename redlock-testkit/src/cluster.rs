@@ -86,15 +86,10 @@ impl Cluster {
 
     /// How many live, unpaused nodes have `key` at all.
     pub fn count_key(&self, key: &str) -> usize {
-        self.reachable()
-            .filter(|(_, node)| node.exists(key).unwrap_or(false))
-            .count()
+        self.reachable().filter(|(_, node)| node.exists(key).unwrap_or(false)).count()
     }
 
     fn reachable(&self) -> impl Iterator<Item = (usize, &RedisNode)> {
-        self.nodes
-            .iter()
-            .enumerate()
-            .filter(|(_, node)| node.is_running() && !node.is_paused())
+        self.nodes.iter().enumerate().filter(|(_, node)| node.is_running() && !node.is_paused())
     }
 }

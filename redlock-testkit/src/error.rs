@@ -11,7 +11,8 @@ pub enum Error {
         /// Where we looked (the env var's path, or `PATH`).
         looked: String,
     },
-    /// Spawning the process, or preparing to (temp dir, free port), failed.
+    /// Spawning the process, or preparing to (temp dir, free port), wiping its
+    /// data, or starting a proxy (binding its port, spawning its threads) failed.
     Spawn {
         /// What we were doing.
         context: String,
@@ -82,9 +83,6 @@ impl From<redis::RedisError> for Error {
 impl Error {
     /// Wraps an io error with what we were doing.
     pub(crate) fn spawn(context: impl Into<String>, source: io::Error) -> Self {
-        Error::Spawn {
-            context: context.into(),
-            source,
-        }
+        Error::Spawn { context: context.into(), source }
     }
 }

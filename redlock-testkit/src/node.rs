@@ -29,8 +29,8 @@ const READY_TIMEOUT: Duration = Duration::from_secs(5);
 const POLL_INTERVAL: Duration = Duration::from_millis(5);
 /// Attempts with a fresh free port when another process took ours meanwhile.
 const PORT_ATTEMPTS: usize = 5;
-/// Connect and read/write timeout of [`RedisNode::connection`].
-const CONNECTION_TIMEOUT: Duration = Duration::from_secs(2);
+/// Connect and read/write timeout of [`RedisNode::connection`] and of `Counter`s.
+pub(crate) const CONNECTION_TIMEOUT: Duration = Duration::from_secs(2);
 const LOG_FILE: &str = "redis.log";
 
 /// How a node keeps its data across [`RedisNode::restart`].
@@ -109,11 +109,7 @@ impl RedisNode {
             .prefix("redlock-testkit-")
             .tempdir()
             .map_err(|e| Error::spawn("could not create a temp dir for redis-server", e))?;
-        let attempts = if config.port.is_some() {
-            1
-        } else {
-            PORT_ATTEMPTS
-        };
+        let attempts = if config.port.is_some() { 1 } else { PORT_ATTEMPTS };
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -176,15 +172,10 @@ impl RedisNode {
             Ok(()) | Err(Errno::ESRCH) => {}
             Err(source) => {
                 *self.child_mut() = Some(child);
-                return Err(Error::Signal {
-                    signal: Signal::SIGKILL,
-                    source,
-                });
+                return Err(Error::Signal { signal: Signal::SIGKILL, source });
             }
         }
-        child
-            .wait()
-            .map_err(|e| Error::spawn("could not reap the killed redis-server", e))?;
+        child.wait().map_err(|e| Error::spawn("could not reap the killed redis-server", e))?;
         Ok(())
     }
 
@@ -193,6 +184,35 @@ impl RedisNode {
     pub fn restart(&mut self) -> Result<()> {
         self.kill()?;
         self.start_again()
+    }
+
+    /// Kills the node if running, deletes its data (AOF, RDB; the log is
+    /// kept), and starts it again on the same port: it comes back empty
+    /// whatever its [`Persistence`], as a node that lost its disk.
+    pub fn restart_empty(&mut self) -> Result<()> {
+        self.kill()?;
+        self.wipe_data()?;
+        self.start_again()
+    }
+
+    /// Deletes every file of the data dir but the log; only while killed,
+    /// as a running node would keep writing its AOF.
+    fn wipe_data(&self) -> Result<()> {
+        let wipe = |e| Error::spawn("could not wipe the redis-server data dir", e);
+        for entry in fs::read_dir(self.dir.path()).map_err(wipe)? {
+            let entry = entry.map_err(wipe)?;
+            if entry.file_name() == LOG_FILE {
+                continue;
+            }
+            let path = entry.path();
+            // Redis 7 keeps its AOF in a directory (`appendonlydir`).
+            if entry.file_type().map_err(wipe)?.is_dir() {
+                fs::remove_dir_all(&path).map_err(wipe)?;
+            } else {
+                fs::remove_file(&path).map_err(wipe)?;
+            }
+        }
+        Ok(())
     }
 
     /// After [`kill`](Self::kill): starts again on the same port and data dir
@@ -248,10 +268,7 @@ impl RedisNode {
 
     /// Plain `SET key value`, no expiry.
     pub fn set(&self, key: &str, value: &str) -> Result<()> {
-        redis::cmd("SET")
-            .arg(key)
-            .arg(value)
-            .query::<()>(&mut self.connection()?)?;
+        redis::cmd("SET").arg(key).arg(value).query::<()>(&mut self.connection()?)?;
         Ok(())
     }
 
@@ -262,9 +279,7 @@ impl RedisNode {
 
     /// `EXISTS key`.
     pub(crate) fn exists(&self, key: &str) -> Result<bool> {
-        Ok(redis::cmd("EXISTS")
-            .arg(key)
-            .query(&mut self.connection()?)?)
+        Ok(redis::cmd("EXISTS").arg(key).query(&mut self.connection()?)?)
     }
 
     /// `FLUSHALL`.
@@ -274,10 +289,7 @@ impl RedisNode {
     }
 
     fn signal(&mut self, signal: Signal) -> Result<()> {
-        let pid = self.pid().ok_or(Error::Signal {
-            signal,
-            source: Errno::ESRCH,
-        })?;
+        let pid = self.pid().ok_or(Error::Signal { signal, source: Errno::ESRCH })?;
         signal::kill(Pid::from_raw(pid as i32), signal)
             .map_err(|source| Error::Signal { signal, source })
     }
@@ -351,16 +363,9 @@ fn launch(binary: &Path, dir: &Path, port: u16, config: &NodeConfig) -> Result<C
     let log_err = log
         .try_clone()
         .map_err(|e| Launch::Failed(Error::spawn("could not open the redis-server log", e)))?;
-    command
-        .args(&config.extra_args)
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(log_err);
+    command.args(&config.extra_args).stdin(Stdio::null()).stdout(log).stderr(log_err);
     let mut child = command.spawn().map_err(|e| {
-        Launch::Failed(Error::spawn(
-            format!("could not spawn {}", binary.display()),
-            e,
-        ))
+        Launch::Failed(Error::spawn(format!("could not spawn {}", binary.display()), e))
     })?;
 
     let started = Instant::now();
@@ -379,19 +384,10 @@ fn launch(binary: &Path, dir: &Path, port: u16, config: &NodeConfig) -> Result<C
     let _ = child.kill();
     let _ = child.wait();
     let log = read_log(dir);
-    let port_taken = log
-        .get(log_offset..)
-        .is_some_and(|new| new.contains("Address already in use"));
-    let error = Error::NotReady {
-        port,
-        waited: started.elapsed(),
-        log,
-    };
-    Err(if port_taken {
-        Launch::PortTaken(error)
-    } else {
-        Launch::Failed(error)
-    })
+    let port_taken =
+        log.get(log_offset..).is_some_and(|new| new.contains("Address already in use"));
+    let error = Error::NotReady { port, waited: started.elapsed(), log };
+    Err(if port_taken { Launch::PortTaken(error) } else { Launch::Failed(error) })
 }
 
 fn read_log(dir: &Path) -> String {

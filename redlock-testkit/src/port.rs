@@ -9,9 +9,7 @@ use crate::error::{Error, Result};
 pub(crate) fn free_port() -> Result<u16> {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .map_err(|e| Error::spawn("could not bind a free loopback port", e))?;
-    let port = listener
-        .local_addr()
-        .map_err(|e| Error::spawn("could not read the free port", e))?
-        .port();
+    let port =
+        listener.local_addr().map_err(|e| Error::spawn("could not read the free port", e))?.port();
     Ok(port)
 }

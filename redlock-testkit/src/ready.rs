@@ -46,11 +46,7 @@ fn try_probe(port: u16, pid: u32) -> std::io::Result<bool> {
 
     line.clear();
     reader.read_line(&mut line)?;
-    let Some(len) = line
-        .trim_end()
-        .strip_prefix('$')
-        .and_then(|n| n.parse::<usize>().ok())
-    else {
+    let Some(len) = line.trim_end().strip_prefix('$').and_then(|n| n.parse::<usize>().ok()) else {
         return Ok(false);
     };
     let mut body = vec![0; len + 2];

@@ -60,8 +60,7 @@ fn restart_with_aof_keeps_keys() {
 fn pause_hangs_and_resume_answers() {
     let mut node = RedisNode::start().unwrap();
     let mut con = node.connection().unwrap();
-    con.set_read_timeout(Some(Duration::from_millis(200)))
-        .unwrap();
+    con.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
     node.pause().unwrap();
     assert!(node.is_paused() && node.is_running());
     let started = Instant::now();
@@ -89,21 +88,14 @@ fn extra_args_reach_the_command_line() {
     let node =
         RedisNode::start_with(NodeConfig::new().extra_arg("--maxmemory").extra_arg("1mb")).unwrap();
     let mut con = node.connection().unwrap();
-    let got: Vec<String> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("maxmemory")
-        .query(&mut con)
-        .unwrap();
+    let got: Vec<String> =
+        redis::cmd("CONFIG").arg("GET").arg("maxmemory").query(&mut con).unwrap();
     assert_eq!(got, ["maxmemory", "1048576"]);
 }
 
 #[test]
 fn fixed_port_is_used() {
-    let free = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let node = RedisNode::start_with(NodeConfig::new().port(free)).unwrap();
     assert_eq!(node.port(), free);
     node.set("k", "v").unwrap();
@@ -114,10 +106,7 @@ fn bad_args_give_not_ready_with_log() {
     let err = RedisNode::start_with(NodeConfig::new().extra_arg("--no-such-option")).unwrap_err();
     let msg = err.to_string();
     assert!(msg.contains("did not answer PING"), "{msg}");
-    assert!(
-        msg.contains("no-such-option"),
-        "the log is in the message: {msg}"
-    );
+    assert!(msg.contains("no-such-option"), "the log is in the message: {msg}");
 }
 
 #[test]
@@ -151,10 +140,7 @@ fn cluster_nodes_holding_skips_paused_and_killed() {
     let started = Instant::now();
     assert_eq!(cluster.nodes_holding("k", "v"), vec![1]);
     assert_eq!(cluster.count_key("k"), 2);
-    assert!(
-        started.elapsed() < Duration::from_secs(1),
-        "contacted the paused node"
-    );
+    assert!(started.elapsed() < Duration::from_secs(1), "contacted the paused node");
 
     cluster.node_mut(1).kill().unwrap();
     assert_eq!(cluster.nodes_holding("k", "v"), Vec::<usize>::new());

@@ -22,11 +22,7 @@ struct Args {
 }
 
 fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
-    let mut parsed = Args {
-        nodes: 5,
-        base_port: None,
-        persistent: false,
-    };
+    let mut parsed = Args { nodes: 5, base_port: None, persistent: false };
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--nodes" => {
@@ -43,10 +39,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     if let Some(base) = parsed.base_port {
         // The last port must fit in a u16 too.
         if usize::from(base) + parsed.nodes - 1 > usize::from(u16::MAX) || base == 0 {
-            return Err(format!(
-                "--base-port {base} with {} nodes is out of range",
-                parsed.nodes
-            ));
+            return Err(format!("--base-port {base} with {} nodes is out of range", parsed.nodes));
         }
     }
     Ok(parsed)
@@ -57,16 +50,12 @@ fn value<T: std::str::FromStr>(
     flag: &str,
 ) -> Result<T, String> {
     let raw = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
-    raw.parse()
-        .map_err(|_| format!("{flag}: invalid value {raw:?}"))
+    raw.parse().map_err(|_| format!("{flag}: invalid value {raw:?}"))
 }
 
 fn start_nodes(args: &Args) -> redlock_testkit::Result<Vec<RedisNode>> {
-    let persistence = if args.persistent {
-        Persistence::AppendFsyncAlways
-    } else {
-        Persistence::None
-    };
+    let persistence =
+        if args.persistent { Persistence::AppendFsyncAlways } else { Persistence::None };
     (0..args.nodes)
         .map(|i| {
             let mut config = NodeConfig::new().persistence(persistence);
@@ -110,10 +99,7 @@ fn main() -> ExitCode {
     println!("REDLOCK_NODES={}", urls.join(","));
     println!("press Ctrl-C to stop");
 
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("redlock-cluster: could not start the runtime: {e}");

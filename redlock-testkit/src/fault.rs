@@ -1,0 +1,202 @@
+//! Faults as data, and a cluster with a proxy in front of every node to apply them.
+
+use std::time::Duration;
+
+use crate::{
+    cluster::Cluster,
+    error::Result,
+    node::NodeConfig,
+    proxy::{NetFault, Proxy},
+};
+
+/// One fault to inject into a node, so suites can be tables of faults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// SIGKILL the process: connections close, new ones are refused.
+    Kill,
+    /// Kill, delete the node's data, start again at once: the node lost its
+    /// keys (and its disk, if it has one).
+    RestartEmpty,
+    /// Kill and start again at once with its data. The keys survive only with
+    /// [`Persistence::AppendFsyncAlways`](crate::Persistence::AppendFsyncAlways);
+    /// with `Persistence::None` the node comes back empty, as `RestartEmpty`.
+    RestartPersisted,
+    /// SIGSTOP the process: a hung node, connections stay open, nothing answers.
+    Pause,
+    /// Delay all traffic, via the node's proxy; see [`NetFault::Latency`].
+    Latency {
+        /// The delay of every chunk, each way.
+        fixed: Duration,
+        /// The bound of a random extra delay.
+        jitter: Duration,
+    },
+    /// A network partition, via the node's proxy; see [`NetFault::Blackhole`].
+    Blackhole,
+    /// Connection resets, via the node's proxy; see [`NetFault::Reset`].
+    Reset,
+}
+
+impl Fault {
+    /// Whether the fault is applied by the proxy (the node process is untouched).
+    pub fn is_network(&self) -> bool {
+        matches!(self, Fault::Latency { .. } | Fault::Blackhole | Fault::Reset)
+    }
+
+    /// A short stable name, for tables and test output: `"kill"`,
+    /// `"restart-empty"`, `"restart-persisted"`, `"pause"`, `"latency"`,
+    /// `"blackhole"`, `"reset"`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Fault::Kill => "kill",
+            Fault::RestartEmpty => "restart-empty",
+            Fault::RestartPersisted => "restart-persisted",
+            Fault::Pause => "pause",
+            Fault::Latency { .. } => "latency",
+            Fault::Blackhole => "blackhole",
+            Fault::Reset => "reset",
+        }
+    }
+
+    /// The proxy's fault for a network fault, `None` for a process fault.
+    fn net_fault(&self) -> Option<NetFault> {
+        match *self {
+            Fault::Latency { fixed, jitter } => Some(NetFault::Latency { fixed, jitter }),
+            Fault::Blackhole => Some(NetFault::Blackhole),
+            Fault::Reset => Some(NetFault::Reset),
+            Fault::Kill | Fault::RestartEmpty | Fault::RestartPersisted | Fault::Pause => None,
+        }
+    }
+}
+
+/// A [`Cluster`] with a [`Proxy`] in front of every node. Clients use the
+/// proxies' [`urls`](Self::urls); faults go through [`inject`](Self::inject).
+///
+/// Inspection through [`cluster`](Self::cluster) (e.g.
+/// [`Cluster::nodes_holding`]) talks to the nodes directly, not through the
+/// proxies, so it sees the nodes' state whatever the network faults.
+#[derive(Debug)]
+pub struct FaultyCluster {
+    // Proxies first: dropped before the nodes, so their connections close
+    // before the nodes are killed, not the other way round.
+    proxies: Vec<Proxy>,
+    cluster: Cluster,
+}
+
+impl FaultyCluster {
+    /// Starts `n` nodes with the default config, each behind a proxy.
+    pub fn start(n: usize) -> Result<Self> {
+        Self::start_with(n, NodeConfig::new())
+    }
+
+    /// Starts `n` nodes with `config` (its port is ignored), each behind a proxy.
+    pub fn start_with(n: usize, config: NodeConfig) -> Result<Self> {
+        let cluster = Cluster::start_with(n, config)?;
+        // A node keeps its port across restarts, so the proxy's upstream stays valid.
+        let proxies =
+            cluster.nodes().iter().map(|node| Proxy::start(node.port())).collect::<Result<_>>()?;
+        Ok(FaultyCluster { proxies, cluster })
+    }
+
+    /// The proxies' URLs, in node order: what clients should use.
+    pub fn urls(&self) -> Vec<String> {
+        self.proxies.iter().map(Proxy::url).collect()
+    }
+
+    /// Number of nodes.
+    pub fn len(&self) -> usize {
+        self.cluster.len()
+    }
+
+    /// Whether there are no nodes.
+    pub fn is_empty(&self) -> bool {
+        self.cluster.is_empty()
+    }
+
+    /// The nodes, for direct inspection.
+    pub fn cluster(&self) -> &Cluster {
+        &self.cluster
+    }
+
+    /// The nodes, mutably, to act on them beyond [`Fault`]s.
+    pub fn cluster_mut(&mut self) -> &mut Cluster {
+        &mut self.cluster
+    }
+
+    /// The proxy in front of node `i`. Panics if out of range.
+    pub fn proxy(&self, i: usize) -> &Proxy {
+        &self.proxies[i]
+    }
+
+    /// Applies `fault` to each of `nodes` (indexes), in order; stops at the
+    /// first error. Panics if an index is out of range.
+    ///
+    /// Restarts are done when this returns (the node answers again); the
+    /// other faults last until [`heal`](Self::heal).
+    pub fn inject(&mut self, fault: Fault, nodes: &[usize]) -> Result<()> {
+        for &i in nodes {
+            let node = self.cluster.node_mut(i);
+            match fault {
+                Fault::Kill => node.kill()?,
+                Fault::RestartEmpty => node.restart_empty()?,
+                Fault::RestartPersisted => node.restart()?,
+                Fault::Pause => node.pause()?,
+                Fault::Latency { .. } | Fault::Blackhole | Fault::Reset => {
+                    self.proxies[i].set_fault(fault.net_fault().unwrap_or_default());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Undoes whatever was injected on `nodes`: resumes paused nodes, starts
+    /// killed ones again (same port and data dir), clears proxy faults. Heals
+    /// every node even if one fails; returns the first error.
+    pub fn heal(&mut self, nodes: &[usize]) -> Result<()> {
+        let mut first_error = None;
+        for &i in nodes {
+            self.proxies[i].heal();
+            let node = self.cluster.node_mut(i);
+            let healed = if node.is_paused() { node.resume() } else { node.start_again() };
+            if let Err(e) = healed {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// [`heal`](Self::heal)s every node.
+    pub fn heal_all(&mut self) -> Result<()> {
+        let all: Vec<usize> = (0..self.len()).collect();
+        self.heal(&all)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_distinct_and_network_faults_map_to_the_proxy() {
+        let ms = Duration::from_millis;
+        let all = [
+            Fault::Kill,
+            Fault::RestartEmpty,
+            Fault::RestartPersisted,
+            Fault::Pause,
+            Fault::Latency { fixed: ms(1), jitter: ms(2) },
+            Fault::Blackhole,
+            Fault::Reset,
+        ];
+        let mut names: Vec<_> = all.iter().map(Fault::name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), all.len());
+        for fault in all {
+            assert_eq!(fault.is_network(), fault.net_fault().is_some(), "{}", fault.name());
+        }
+        assert_eq!(
+            Fault::Latency { fixed: ms(1), jitter: ms(2) }.net_fault(),
+            Some(NetFault::Latency { fixed: ms(1), jitter: ms(2) })
+        );
+    }
+}

@@ -160,8 +160,9 @@ impl RedlockBuilder {
             let client = redis::Client::open(url.as_str())
                 .map_err(|err| Error::config(format!("node {i}: unparsable URL: {err}")))?;
             let node = Node::new(client, self.connect_timeout, self.restart_quarantine);
-            if !seen.insert(node.name().clone()) {
-                // Counting one master twice would let a minority pass for a quorum.
+            if !seen.insert(node.address()) {
+                // Counting one master twice (even as two databases) would give one process
+                // two votes.
                 return Err(Error::config(format!("node {i}: {} is listed twice", node.name())));
             }
             nodes.push(Arc::new(node));
@@ -225,6 +226,7 @@ mod tests {
         assert!(config_error(RedlockBuilder::new()).contains("no nodes"));
         assert!(config_error(three().nodes(["not a url"])).contains("node 3"));
         assert!(config_error(three().nodes(["redis://127.0.0.1:2"])).contains("twice"));
+        assert!(config_error(three().nodes(["redis://127.0.0.1:2/1"])).contains("twice"));
         assert!(config_error(three().ttl(Duration::ZERO)).contains("ttl"));
         assert!(config_error(three().ttl(Duration::from_micros(500))).contains("ttl"));
         assert!(config_error(three().ttl(Duration::from_millis(2))).contains("drift"));

@@ -75,7 +75,17 @@
 //! resource, outcome, elapsed time and each node's outcome.
 //!
 //! # Requirements
-//! Redis 7.0 or later on every node (for `SET ... NX GET`), and a Tokio runtime.
+//! Redis 7.0 or later on every node (for `SET ... NX GET`), and a Tokio runtime with its
+//! timer enabled (`enable_time()` or `enable_all()`, as `#[tokio::main]` does).
+//!
+//! # Limits worth knowing
+//! - A hung node's connection is kept, not replaced: commands on one connection run in
+//!   order, which is what lets a release follow a late `SET`. Until the node answers again
+//!   or TCP gives up on it, that node counts as timed out; up to 4096 requests can be
+//!   queued behind it per client, beyond which later releases to it are dropped and their
+//!   keys left to expire.
+//! - Nodes are told apart by `host:port`: two names for one server (`localhost` and
+//!   `127.0.0.1`) are not detected and would give that server two votes.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations)]
@@ -84,6 +94,7 @@
 mod builder;
 mod error;
 mod fanout;
+pub mod fence;
 mod lease;
 mod lock;
 mod node;

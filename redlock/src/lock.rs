@@ -31,6 +31,19 @@ impl Claim {
         self.in_flight = in_flight;
     }
 
+    pub(crate) fn key(&self) -> &Arc<str> {
+        &self.key
+    }
+
+    pub(crate) fn token(&self) -> &Arc<str> {
+        &self.token
+    }
+
+    /// The acquisition request still in flight on node `i`, if any.
+    pub(crate) fn in_flight(&self, i: usize) -> Option<InFlight> {
+        self.in_flight.get(i).cloned().flatten()
+    }
+
     /// Hands the key, token and in-flight `SET`s over to the caller, who releases them.
     pub(crate) fn disarm(mut self) -> (Arc<str>, Arc<str>, Vec<Option<InFlight>>) {
         self.armed = false;
@@ -71,6 +84,7 @@ pub struct Lock {
     resource_len: usize,
     deadline: Instant,
     lease: Duration,
+    fence: Option<u64>,
 }
 
 impl fmt::Debug for Lock {
@@ -90,7 +104,12 @@ impl Lock {
         deadline: Instant,
         lease: Duration,
     ) -> Self {
-        Self { claim, resource_len, deadline, lease }
+        Self { claim, resource_len, deadline, lease, fence: None }
+    }
+
+    pub(crate) fn with_fence(mut self, fence: u64) -> Self {
+        self.fence = Some(fence);
+        self
     }
 
     /// The resource name, as passed to the lock call.
@@ -121,6 +140,13 @@ impl Lock {
     /// The instant at which the validity ends.
     pub fn deadline(&self) -> Instant {
         self.deadline
+    }
+
+    /// The fencing token of a lock taken with
+    /// [`try_lock_fenced`](crate::Redlock::try_lock_fenced) or
+    /// [`lock_fenced`](crate::Redlock::lock_fenced); `None` otherwise.
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.fence
     }
 
     /// The lease of the last grant or extension, as sent to Redis.

@@ -14,7 +14,7 @@ use redis::{AsyncConnectionConfig, Client, Cmd, RedisError, Value};
 
 use crate::error::NodeOutcome;
 use crate::quarantine;
-use crate::script::Script;
+use crate::script::{self, Script};
 
 /// Why a request to a node did not produce a reply.
 #[derive(Clone, Debug)]
@@ -28,7 +28,11 @@ pub(crate) enum Failure {
 impl Failure {
     fn from_redis(err: &RedisError) -> Self {
         match err.code() {
-            Some(code) => Self::Server { code: code.into(), message: err.to_string().into() },
+            // "CODE detail", as the server said it: the code is what operators search for.
+            Some(code) => Self::Server {
+                code: code.into(),
+                message: format!("{code} {}", err.detail().unwrap_or_default()).into(),
+            },
             None => Self::Unreachable(err.to_string().into()),
         }
     }
@@ -54,6 +58,9 @@ impl Failure {
         }
     }
 }
+
+/// Requests one connection may have queued and not yet written (redis-rs defaults to 50).
+const PIPELINE_BUFFER: usize = 4096;
 
 type Connecting = Shared<BoxFuture<'static, Result<MultiplexedConnection, Failure>>>;
 
@@ -119,6 +126,11 @@ impl Node {
     /// How long one connection attempt may run.
     pub(crate) fn connect_timeout(&self) -> Duration {
         self.connect_timeout
+    }
+
+    /// `host:port`: one Redis process, whichever database is used.
+    pub(crate) fn address(&self) -> String {
+        self.client.get_connection_info().addr().to_string()
     }
 
     /// `host:port/db`, the identity used in reports and to detect duplicate nodes.
@@ -211,6 +223,9 @@ impl Node {
         let timeout = self.connect_timeout;
         let (quarantine, quarantined_until) = (self.quarantine, self.quarantined_until.clone());
         let config = AsyncConnectionConfig::new()
+            // Room for many requests queued to a hung node: a release that cannot be queued
+            // behind its SET before its timeout is lost, and the SET then outlives it.
+            .set_pipeline_buffer_size(PIPELINE_BUFFER)
             .set_connection_timeout(Some(timeout))
             .set_response_timeout(None);
         async move {
@@ -219,6 +234,14 @@ impl Node {
             let open = async {
                 let mut connection =
                     client.get_multiplexed_async_connection_with_config(&config).await?;
+                // Before any command of ours: see the script module for why this is safety.
+                if let Err(err) = load_scripts().query_async::<()>(&mut connection).await {
+                    // A node that refuses SCRIPT LOAD still works through EVAL on demand.
+                    if err.code().is_none() {
+                        return Err(err);
+                    }
+                    tracing::debug!(target: "redlock", %err, "scripts not preloaded");
+                }
                 if !quarantine.is_zero() {
                     let end = read_quarantine_end(&mut connection, quarantine).await?;
                     *lock_ignoring_poison(&quarantined_until) = end;
@@ -249,6 +272,15 @@ impl Node {
 /// The critical sections never panic; if one ever did, its state is still usable.
 fn lock_ignoring_poison<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// `SCRIPT LOAD` of every script, in one pipeline whose replies are ignored.
+fn load_scripts() -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    for script in script::all() {
+        pipe.add_command(script.load()).ignore();
+    }
+    pipe
 }
 
 /// Asks a freshly opened connection how long its node has been up.

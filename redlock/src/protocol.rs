@@ -1,16 +1,13 @@
 //! What is said to one node for each operation, and what its reply means.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use redis::Value;
 
 use crate::error::NodeOutcome;
 use crate::node::{Failure, Node};
-use crate::script::Script;
-
-static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/release.lua")));
-static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/extend.lua")));
+use crate::script::{ACQUIRE_FENCED, EXTEND, RAISE_FENCE, RELEASE};
 
 /// `SET key token NX GET PX ttl`.
 ///
@@ -30,6 +27,46 @@ pub(crate) async fn acquire(
         // Our own token: an earlier send of this very attempt landed (a retried request).
         Ok(Value::BulkString(holder)) if holder == token.as_bytes() => vote(&node),
         Ok(Value::BulkString(_)) => NodeOutcome::Held,
+        Ok(other) => unexpected(&other),
+        Err(failure) => failure.into_outcome(),
+    }
+}
+
+/// The fenced acquire script: like [`acquire`], and a granting node bumps the resource's
+/// fencing counter; the highest counter seen is kept in `highest`.
+pub(crate) async fn acquire_fenced(
+    node: Arc<Node>,
+    key: Arc<str>,
+    counter: Arc<str>,
+    token: Arc<str>,
+    ttl_ms: u64,
+    highest: Arc<AtomicU64>,
+) -> NodeOutcome {
+    let ttl = ttl_ms.to_string();
+    let reply =
+        node.eval(&ACQUIRE_FENCED, &[&key, &counter], &[token.as_bytes(), ttl.as_bytes()]).await;
+    match reply {
+        Ok(Value::Array(items)) => match items.as_slice() {
+            [Value::Int(1), Value::Int(count)] => match u64::try_from(*count) {
+                Ok(count) => {
+                    highest.fetch_max(count, Ordering::AcqRel);
+                    vote(&node)
+                }
+                Err(_) => NodeOutcome::Failed("negative fencing counter".into()),
+            },
+            [Value::Int(0), _] => NodeOutcome::Held,
+            _ => unexpected(&Value::Array(items)),
+        },
+        Ok(other) => unexpected(&other),
+        Err(failure) => failure.into_outcome(),
+    }
+}
+
+/// Raises the fencing counter to at least `token`.
+pub(crate) async fn raise_fence(node: Arc<Node>, counter: Arc<str>, token: u64) -> NodeOutcome {
+    let token = token.to_string();
+    match node.eval(&RAISE_FENCE, &[&counter], &[token.as_bytes()]).await {
+        Ok(Value::Int(1)) => NodeOutcome::Ok,
         Ok(other) => unexpected(&other),
         Err(failure) => failure.into_outcome(),
     }

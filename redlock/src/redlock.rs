@@ -3,6 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tracing::Instrument;
@@ -95,7 +96,7 @@ impl Redlock {
     pub async fn try_lock_for(&self, resource: &str, ttl: Duration) -> Result<Lock> {
         let ttl_ms = check_ttl(ttl, self.inner.config.drift_factor)?;
         let key = self.inner.key(resource)?;
-        self.inner.attempt(resource, key, ttl_ms).await
+        self.inner.attempt(resource, key, ttl_ms, Fencing::Off).await
     }
 
     /// Locks `resource` for the default TTL, retrying per the [`Retry`] policy.
@@ -117,6 +118,48 @@ impl Redlock {
     pub async fn lock_for(&self, resource: &str, ttl: Duration) -> Result<Lock> {
         let ttl_ms = check_ttl(ttl, self.inner.config.drift_factor)?;
         let key = self.inner.key(resource)?;
+        self.retrying(&key, || self.inner.attempt(resource, key.clone(), ttl_ms, Fencing::Off))
+            .await
+    }
+
+    /// One attempt to lock `resource` for the default TTL, with a fencing token.
+    ///
+    /// The lock's [`fencing_token()`](Lock::fencing_token) strictly increases with every
+    /// grant of the resource, across clients, as long as the nodes keep their fencing
+    /// counters (persistence): hand it to the protected resource with every write, and
+    /// have the resource reject writes carrying a lower token than it has seen (see
+    /// [`fence`](crate::fence)). It costs one more round trip per grant.
+    ///
+    /// How: a granting node bumps the resource's counter (`<key>:fence`) in the same
+    /// script that sets the key and returns it; the client takes the highest counter
+    /// among the granting nodes, then raises the counter to it on a quorum before handing
+    /// the lock out (within the validity). Any later grant needs a quorum, which overlaps
+    /// that quorum in at least one node whose counter is already at least our token, and
+    /// that node's bump makes the later token larger.
+    pub async fn try_lock_fenced(&self, resource: &str) -> Result<Lock> {
+        let key = self.inner.key(resource)?;
+        self.inner.attempt(resource, key, self.inner.config.ttl_ms, Fencing::On).await
+    }
+
+    /// [`try_lock_fenced`](Redlock::try_lock_fenced), retrying per the [`Retry`] policy.
+    pub async fn lock_fenced(&self, resource: &str) -> Result<Lock> {
+        let key = self.inner.key(resource)?;
+        let ttl_ms = self.inner.config.ttl_ms;
+        self.retrying(&key, || self.inner.attempt(resource, key.clone(), ttl_ms, Fencing::On)).await
+    }
+
+    /// The shared state, for the other lock kinds.
+    pub(crate) fn inner(&self) -> &Arc<Inner> {
+        &self.inner
+    }
+
+    /// Runs `attempt` until it succeeds, fails for good, or the [`Retry`] policy gives
+    /// up; between attempts, waits for a release of `key` or the policy's pause.
+    pub(crate) async fn retrying<T, F, Fut>(&self, key: &str, mut attempt: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
         let first = Instant::now();
         let mut attempts = 0;
         // Subscribed after the first failure only: an uncontended lock costs no subscription.
@@ -127,7 +170,7 @@ impl Redlock {
                 releases.mark_seen();
             }
             let attempt_started = Instant::now();
-            let err = match self.inner.attempt(resource, key.clone(), ttl_ms).await {
+            let err = match attempt().await {
                 Ok(lock) => return Ok(lock),
                 Err(err) => err,
             };
@@ -138,7 +181,7 @@ impl Redlock {
             let Some(pause) = self.inner.config.retry.next_pause(attempts, first.elapsed()) else {
                 return Err(err);
             };
-            let releases = releases.get_or_insert_with(|| self.inner.releases.watch(&key));
+            let releases = releases.get_or_insert_with(|| self.inner.releases.watch(key));
             // Woken by a release on any node, or by the timer: notifications can be lost.
             tokio::select! {
                 () = releases.released() => {
@@ -150,6 +193,13 @@ impl Redlock {
             }
         }
     }
+}
+
+/// Whether an acquisition also takes a fencing token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fencing {
+    Off,
+    On,
 }
 
 impl Inner {
@@ -166,7 +216,13 @@ impl Inner {
     }
 
     /// One acquisition attempt: `SET NX` on every node, decided at the quorum.
-    async fn attempt(self: &Arc<Self>, resource: &str, key: Arc<str>, ttl_ms: u64) -> Result<Lock> {
+    async fn attempt(
+        self: &Arc<Self>,
+        resource: &str,
+        key: Arc<str>,
+        ttl_ms: u64,
+        fencing: Fencing,
+    ) -> Result<Lock> {
         let span = tracing::debug_span!(
             target: "redlock",
             "lock_attempt",
@@ -176,7 +232,8 @@ impl Inner {
             elapsed = tracing::field::Empty,
             nodes = tracing::field::Empty,
         );
-        let result = self.acquire_round(resource, key, ttl_ms).instrument(span.clone()).await;
+        let result =
+            self.acquire_round(resource, key, ttl_ms, fencing).instrument(span.clone()).await;
         if !span.is_disabled() {
             let (outcome, round) = match &result {
                 Ok((_, round)) => ("granted", round),
@@ -195,6 +252,7 @@ impl Inner {
         resource: &str,
         key: Arc<str>,
         ttl_ms: u64,
+        fencing: Fencing,
     ) -> Result<(Lock, Round), (Error, Round)> {
         let token: Arc<str> = token::generate().into();
         let started_at = Instant::now();
@@ -202,12 +260,30 @@ impl Inner {
         // claim releases whatever the round may have set.
         let mut claim = Claim::new(self.clone(), key.clone(), token.clone());
         let timeout = self.config.node_timeout;
+        let counter: Option<Arc<str>> = (fencing == Fencing::On).then(|| fence_key(&key));
+        let highest = Arc::new(AtomicU64::new(0));
         let requests: Vec<InFlight> = self
             .nodes
             .iter()
             .map(|node| {
-                let set = protocol::acquire(node.clone(), key.clone(), token.clone(), ttl_ms);
-                fanout::shareable(fanout::bounded(timeout, set))
+                let (node, key, token) = (node.clone(), key.clone(), token.clone());
+                match &counter {
+                    None => fanout::shareable(fanout::bounded(
+                        timeout,
+                        protocol::acquire(node, key, token, ttl_ms),
+                    )),
+                    Some(counter) => fanout::shareable(fanout::bounded(
+                        timeout,
+                        protocol::acquire_fenced(
+                            node,
+                            key,
+                            counter.clone(),
+                            token,
+                            ttl_ms,
+                            highest.clone(),
+                        ),
+                    )),
+                }
             })
             .collect();
         // Unanswered SETs go on in the background: a lock held on more nodes than the bare
@@ -218,25 +294,62 @@ impl Inner {
         if round.decision == Decision::Reached
             && let Some(validity) = quorum::validity(lease, round.elapsed(), self.drift(lease))
         {
-            let lock = Lock::new(claim, resource.len(), round.decided_at + validity, lease);
-            return Ok((lock, round));
+            let Some(counter) = counter else {
+                let lock = Lock::new(claim, resource.len(), round.decided_at + validity, lease);
+                return Ok((lock, round));
+            };
+            let fence = highest.load(Ordering::Acquire);
+            let raised = self.raise_fence(&counter, fence, started_at).await;
+            if raised.decision == Decision::Reached
+                && let Some(validity) = quorum::validity(lease, raised.elapsed(), self.drift(lease))
+            {
+                let deadline = raised.decided_at + validity;
+                let lock = Lock::new(claim, resource.len(), deadline, lease).with_fence(fence);
+                return Ok((lock, round));
+            }
+            let kind = match raised.decision {
+                Decision::Reached => ErrorKind::Expired,
+                Decision::Failed => ErrorKind::Unavailable,
+            };
+            let message = "the fencing token could not be recorded on a quorum in time";
+            let err = Error::round(kind, message, resource, raised.report(&self.nodes));
+            self.clean_up(claim, &round).await;
+            return Err((err, round));
         }
         let err = self.acquire_error(resource, &round, lease);
         self.clean_up(claim, &round).await;
         Err((err, round))
     }
 
+    /// Raises the fencing counter to `fence` on a quorum; the round's elapsed time counts
+    /// from the acquisition's start.
+    async fn raise_fence(&self, counter: &Arc<str>, fence: u64, started_at: Instant) -> Round {
+        let timeout = self.config.node_timeout;
+        let requests = self
+            .nodes
+            .iter()
+            .map(|node| {
+                fanout::bounded(
+                    timeout,
+                    protocol::raise_fence(node.clone(), counter.clone(), fence),
+                )
+            })
+            .collect();
+        fanout::round(requests, started_at).await
+    }
+
     /// Releases a failed attempt's keys: awaited on the nodes that granted (they answered
-    /// a moment ago), in the background on the nodes whose answer is unknown.
+    /// a moment ago), in the background on the nodes whose answer is unknown. The claim
+    /// stays armed until then: if this future is dropped, its `Drop` releases everywhere.
     async fn clean_up(&self, claim: Claim, round: &Round) {
-        let (key, token, mut in_flight) = claim.disarm();
-        let channel = notify::channel(&key);
+        let channel = notify::channel(claim.key());
         let mut granted = Vec::new();
         let mut uncertain = Vec::new();
         for (i, outcome) in round.outcomes.iter().enumerate() {
-            let request = self.release_request(i, &key, &token, &channel, in_flight[i].take());
+            let set = claim.in_flight(i);
+            let request = self.release_request(i, claim.key(), claim.token(), &channel, set);
             match outcome {
-                NodeOutcome::Ok => granted.push(request),
+                NodeOutcome::Ok | NodeOutcome::Quarantined => granted.push(request),
                 // The node answered about someone else's key: ours is not there.
                 NodeOutcome::Held | NodeOutcome::WrongType => {}
                 _ => uncertain.push(request),
@@ -244,12 +357,14 @@ impl Inner {
         }
         fanout::in_background(uncertain);
         fanout::all(granted).await;
+        claim.disarm();
     }
 
     fn acquire_error(&self, resource: &str, round: &Round, lease: Duration) -> Error {
         let n = self.nodes.len();
         let spare = n - quorum::quorum(n);
-        let held = round.count(|o| *o == NodeOutcome::Held);
+        // A key of another type on a minority is someone else's data: it blocks like a holder.
+        let held = round.count(|o| matches!(o, NodeOutcome::Held | NodeOutcome::WrongType));
         // Quarantined nodes are as good as down for the quorum.
         let faulty = round.count(|o| o.is_fault() || *o == NodeOutcome::Quarantined);
         let (kind, message) = if round.decision == Decision::Reached {
@@ -261,7 +376,7 @@ impl Inner {
                     self.drift(lease)
                 ),
             )
-        } else if round.count(|o| *o == NodeOutcome::WrongType) > 0 {
+        } else if round.count(|o| *o == NodeOutcome::WrongType) > spare {
             (ErrorKind::WrongType, String::new())
         } else if held > spare || (faulty <= spare && held > 0 && held >= faulty) {
             (ErrorKind::NotAcquired, String::new())
@@ -320,12 +435,15 @@ impl Inner {
     ) -> impl Future<Output = NodeOutcome> + Send + 'static + use<> {
         let node = self.nodes[i].clone();
         let (key, token, channel) = (key.clone(), token.clone(), channel.clone());
-        fanout::bounded(self.config.node_timeout, async move {
+        let timeout = self.config.node_timeout;
+        async move {
+            // Outside the timeout: the SET is bounded by its own, and a release whose clock
+            // ran while it waited could time out before it is even queued.
             if let Some(set) = in_flight {
                 set.await;
             }
-            protocol::release(node, key, token, channel).await
-        })
+            fanout::bounded(timeout, protocol::release(node, key, token, channel)).await
+        }
     }
 
     /// Renews `key` where it holds `token`; returns the round, the new validity, and the
@@ -340,18 +458,19 @@ impl Inner {
         mut in_flight: Vec<Option<InFlight>>,
     ) -> (Round, Option<Duration>, Vec<Option<InFlight>>) {
         in_flight.resize(self.nodes.len(), None);
+        let timeout = self.config.node_timeout;
         let requests: Vec<InFlight> = self
             .nodes
             .iter()
             .zip(in_flight)
             .map(|(node, previous)| {
                 let (node, key, token) = (node.clone(), key.clone(), token.clone());
-                fanout::shareable(fanout::bounded(self.config.node_timeout, async move {
+                fanout::shareable(async move {
                     if let Some(previous) = previous {
                         previous.await;
                     }
-                    protocol::extend(node, key, token, ttl_ms).await
-                }))
+                    fanout::bounded(timeout, protocol::extend(node, key, token, ttl_ms)).await
+                })
             })
             .collect();
         let round = fanout::round(requests.clone(), Instant::now()).await;
@@ -388,6 +507,11 @@ impl Inner {
         };
         Error::round(kind, message, resource, round.report(&self.nodes))
     }
+}
+
+/// The key of a resource's fencing counter.
+fn fence_key(key: &str) -> Arc<str> {
+    format!("{key}:fence").into()
 }
 
 /// The requests of `round` that had not answered at its decision, per node.

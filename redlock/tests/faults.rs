@@ -161,3 +161,27 @@ async fn latency_that_eats_the_lease_is_refused_not_granted_expired() {
     assert!(err.granted() >= 2, "{err}");
     assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("k") == 0).await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_locks_through_a_hung_node_leave_nothing_on_it() {
+    let mut cluster = common::cluster(3);
+    // A fresh client: its connections (and the scripts they load) open during the test.
+    let rl = common::builder(&cluster, Duration::from_millis(20)).build().unwrap();
+    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    cluster.node_mut(2).pause().unwrap();
+    for i in 0..200 {
+        let lock = rl.try_lock(&format!("k:{i}")).await.unwrap();
+        lock.release().await.unwrap();
+    }
+    // Every SET queued on the hung node has its release queued behind it.
+    cluster.node_mut(2).resume().unwrap();
+    let keys = |cluster: &redlock_testkit::Cluster| {
+        let mut con = cluster.node(2).connection().unwrap();
+        redis::cmd("DBSIZE").query::<i64>(&mut con).unwrap()
+    };
+    assert!(
+        common::eventually(Duration::from_secs(3), || keys(&cluster) == 0).await,
+        "{} keys outlived their release on the node that hung",
+        keys(&cluster)
+    );
+}

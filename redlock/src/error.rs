@@ -36,6 +36,18 @@ impl ErrorKind {
         matches!(self, Self::NotAcquired | Self::Unavailable | Self::Expired)
     }
 
+    /// A stable snake_case name, for logs and metrics labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Config => "config",
+            Self::NotAcquired => "not_acquired",
+            Self::Unavailable => "unavailable",
+            Self::Expired => "expired",
+            Self::NotHeld => "not_held",
+            Self::WrongType => "wrong_type",
+        }
+    }
+
     fn describe(self) -> &'static str {
         match self {
             Self::Config => "invalid configuration",

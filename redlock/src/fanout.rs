@@ -123,3 +123,12 @@ pub(crate) async fn bounded(
 pub(crate) fn shareable(request: impl Future<Output = NodeOutcome> + Send + 'static) -> InFlight {
     request.boxed().shared()
 }
+
+/// The requests of `round` that had not answered at its decision, per node.
+pub(crate) fn still_in_flight(requests: Vec<InFlight>, round: &Round) -> Vec<Option<InFlight>> {
+    requests
+        .into_iter()
+        .zip(&round.outcomes)
+        .map(|(request, outcome)| (*outcome == NodeOutcome::Pending).then_some(request))
+        .collect()
+}

@@ -95,6 +95,7 @@ mod builder;
 mod error;
 mod fanout;
 pub mod fence;
+mod kinds;
 mod lease;
 mod lock;
 mod node;
@@ -109,6 +110,8 @@ mod token;
 
 pub use crate::builder::RedlockBuilder;
 pub use crate::error::{Error, ErrorKind, NodeOutcome, NodeReport, Result};
+pub use crate::kinds::multi::MultiLock;
+pub use crate::kinds::reentrant::ReentrantLock;
 pub use crate::lease::{AutoLock, Lease};
 pub use crate::lock::Lock;
 pub use crate::redlock::Redlock;

@@ -113,12 +113,12 @@ pub(crate) async fn holds(node: Arc<Node>, key: Arc<str>, token: Arc<str>) -> No
 }
 
 /// A yes from a node in restart quarantine is written but not counted.
-fn vote(node: &Node) -> NodeOutcome {
+pub(crate) fn vote(node: &Node) -> NodeOutcome {
     if node.in_quarantine() { NodeOutcome::Quarantined } else { NodeOutcome::Ok }
 }
 
 /// Both scripts answer 1 (done), 0 (our key was absent) or -1 (another owner's key).
-fn script_outcome(reply: Result<Value, Failure>) -> NodeOutcome {
+pub(crate) fn script_outcome(reply: Result<Value, Failure>) -> NodeOutcome {
     match reply {
         Ok(Value::Int(1)) => NodeOutcome::Ok,
         Ok(Value::Int(0)) => NodeOutcome::Absent,
@@ -128,6 +128,6 @@ fn script_outcome(reply: Result<Value, Failure>) -> NodeOutcome {
     }
 }
 
-fn unexpected(reply: &Value) -> NodeOutcome {
+pub(crate) fn unexpected(reply: &Value) -> NodeOutcome {
     NodeOutcome::Failed(format!("unexpected reply {reply:?}").into())
 }

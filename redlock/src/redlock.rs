@@ -203,7 +203,7 @@ enum Fencing {
 }
 
 impl Inner {
-    fn key(&self, resource: &str) -> Result<Arc<str>> {
+    pub(crate) fn key(&self, resource: &str) -> Result<Arc<str>> {
         if resource.is_empty() {
             return Err(Error::config("the resource name is empty"));
         }
@@ -237,7 +237,7 @@ impl Inner {
         if !span.is_disabled() {
             let (outcome, round) = match &result {
                 Ok((_, round)) => ("granted", round),
-                Err((err, round)) => (kind_name(err.kind()), round),
+                Err((err, round)) => (err.kind().as_str(), round),
             };
             span.record("outcome", outcome);
             span.record("elapsed", tracing::field::debug(round.elapsed()));
@@ -289,7 +289,7 @@ impl Inner {
         // Unanswered SETs go on in the background: a lock held on more nodes than the bare
         // quorum survives more failures. Releases on their nodes wait for them.
         let round = fanout::round(requests.clone(), started_at).await;
-        claim.track(still_in_flight(requests, &round));
+        claim.track(fanout::still_in_flight(requests, &round));
         let lease = Duration::from_millis(ttl_ms);
         if round.decision == Decision::Reached
             && let Some(validity) = quorum::validity(lease, round.elapsed(), self.drift(lease))
@@ -360,7 +360,7 @@ impl Inner {
         claim.disarm();
     }
 
-    fn acquire_error(&self, resource: &str, round: &Round, lease: Duration) -> Error {
+    pub(crate) fn acquire_error(&self, resource: &str, round: &Round, lease: Duration) -> Error {
         let n = self.nodes.len();
         let spare = n - quorum::quorum(n);
         // A key of another type on a minority is someone else's data: it blocks like a holder.
@@ -479,7 +479,7 @@ impl Inner {
             Decision::Reached => quorum::validity(lease, round.elapsed(), self.drift(lease)),
             Decision::Failed => None,
         };
-        let in_flight = still_in_flight(requests, &round);
+        let in_flight = fanout::still_in_flight(requests, &round);
         (round, validity, in_flight)
     }
 
@@ -502,7 +502,7 @@ impl Inner {
         let gone = round.count(|o| matches!(o, NodeOutcome::Absent | NodeOutcome::Held));
         let kind = if gone > spare { ErrorKind::NotHeld } else { ErrorKind::Unavailable };
         let message = match kind {
-            ErrorKind::NotHeld => format!("{what}: our token is gone from too many nodes"),
+            ErrorKind::NotHeld => format!("{what}: the lock is gone from too many nodes"),
             _ => format!("{what} reached too few nodes"),
         };
         Error::round(kind, message, resource, round.report(&self.nodes))
@@ -512,26 +512,6 @@ impl Inner {
 /// The key of a resource's fencing counter.
 fn fence_key(key: &str) -> Arc<str> {
     format!("{key}:fence").into()
-}
-
-/// The requests of `round` that had not answered at its decision, per node.
-fn still_in_flight(requests: Vec<InFlight>, round: &Round) -> Vec<Option<InFlight>> {
-    requests
-        .into_iter()
-        .zip(&round.outcomes)
-        .map(|(request, outcome)| (*outcome == NodeOutcome::Pending).then_some(request))
-        .collect()
-}
-
-fn kind_name(kind: ErrorKind) -> &'static str {
-    match kind {
-        ErrorKind::Config => "config",
-        ErrorKind::NotAcquired => "not_acquired",
-        ErrorKind::Unavailable => "unavailable",
-        ErrorKind::Expired => "expired",
-        ErrorKind::NotHeld => "not_held",
-        ErrorKind::WrongType => "wrong_type",
-    }
 }
 
 fn outcomes_summary(outcomes: &[NodeOutcome]) -> String {

@@ -27,6 +27,12 @@ scripts! {
     EXTEND = "extend.lua";
     ACQUIRE_FENCED = "acquire_fenced.lua";
     RAISE_FENCE = "raise_fence.lua";
+    REENTRANT_ACQUIRE = "reentrant_acquire.lua";
+    REENTRANT_RELEASE = "reentrant_release.lua";
+    REENTRANT_EXTEND = "reentrant_extend.lua";
+    MULTI_ACQUIRE = "multi_acquire.lua";
+    MULTI_RELEASE = "multi_release.lua";
+    MULTI_EXTEND = "multi_extend.lua";
 }
 
 /// A Lua script with its SHA1 computed once.

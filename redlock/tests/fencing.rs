@@ -45,7 +45,12 @@ async fn tokens_strictly_increase_across_clients_while_a_minority_restarts() {
                 for _ in 0..GRANTS {
                     let lock = rl.lock_fenced("fenced").await.unwrap();
                     tokens.lock().unwrap().push(lock.fencing_token().unwrap());
-                    lock.release().await.unwrap();
+                    // With a node restarting and others holding a failed attempt's partial
+                    // keys, a release may not confirm a quorum: that is reported, and the
+                    // keys expire; the lock itself was held.
+                    if let Err(err) = lock.release().await {
+                        assert_eq!(err.kind(), redlock::ErrorKind::Unavailable, "{err}");
+                    }
                 }
             })
         })

@@ -1,0 +1,24 @@
+//! The chaos suite: several clients contend for one resource over five real Redis masters
+//! while faults are injected, and two independent checks look for broken exclusion.
+//!
+//! - The history check: every grant is recorded with its validity window (from the moment
+//!   the lock was returned to the client until its validity deadline or its release,
+//!   whichever came first); any two windows of different grants that overlap are a
+//!   violation.
+//! - The counter check: every critical section does a deliberately non-atomic
+//!   read-modify-write of a counter on a separate Redis; overlapping sections lose updates,
+//!   so the final counter must equal the number of sections.
+//!
+//! [`matrix()`] lists the scenarios; [`run`] runs one; [`markdown`] prints a table of
+//! reports. `cargo test -p redlock-chaos` runs a bounded version; the `chaos` binary runs the
+//! full matrix for longer and prints the table.
+
+#![warn(missing_docs)]
+
+mod report;
+mod run;
+mod scenario;
+
+pub use report::{Report, markdown};
+pub use run::run;
+pub use scenario::{Expect, Scenario, matrix};

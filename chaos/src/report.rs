@@ -1,0 +1,107 @@
+//! What a scenario showed, and the table of all of them.
+
+use std::fmt::Write;
+
+use redlock_testkit::Violation;
+
+use crate::scenario::{Expect, Scenario};
+
+/// The outcome of one scenario run.
+#[derive(Debug)]
+pub struct Report {
+    /// The scenario.
+    pub scenario: Scenario,
+    /// Locks granted.
+    pub grants: usize,
+    /// Locks granted while the fault was in force.
+    pub granted_while_faulted: u64,
+    /// Attempts refused (held by another client, nodes unavailable, lease used up).
+    pub refused: u64,
+    /// Pairs of grants whose validity windows overlapped.
+    pub violations: Vec<Violation>,
+    /// Critical sections whose counter update was lost.
+    pub lost_updates: u64,
+    /// Writes made after the writer's lease had expired.
+    pub stale_writes: u64,
+    /// Writes the fenced resource rejected as stale.
+    pub rejected_writes: u64,
+    /// Lock keys still on the nodes after the run.
+    pub keys_left: usize,
+}
+
+impl Report {
+    /// Whether the run showed what the scenario expects; `Err` says what differed.
+    pub fn verdict(&self) -> Result<(), String> {
+        let broken = !self.violations.is_empty() || self.lost_updates > 0;
+        match self.scenario.expect {
+            Expect::Available if broken => Err(format!("exclusion broke: {}", self.summary())),
+            Expect::Available if self.grants == 0 => Err("no lock was granted".to_owned()),
+            Expect::Unavailable if broken => Err(format!("exclusion broke: {}", self.summary())),
+            Expect::Unavailable if self.granted_while_faulted > 0 => {
+                Err(format!("{} grants while the fault lasted", self.granted_while_faulted))
+            }
+            Expect::Violation if !broken => {
+                Err("the weakness did not show: no violation was detected".to_owned())
+            }
+            Expect::StaleWrite if !self.violations.is_empty() => {
+                Err(format!("unexpected overlap: {}", self.summary()))
+            }
+            Expect::StaleWrite if self.stale_writes == 0 => {
+                Err("the stalled client did not write late".to_owned())
+            }
+            Expect::StaleWrite
+                if self.scenario.fenced && (self.rejected_writes == 0 || self.lost_updates > 0) =>
+            {
+                Err(format!("fencing did not stop the late write: {}", self.summary()))
+            }
+            _ if self.keys_left > 0 && self.scenario.expect != Expect::Violation => {
+                Err(format!("{} lock keys left behind", self.keys_left))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn summary(&self) -> String {
+        format!(
+            "{} violations, {} lost updates, {} stale writes, {} rejected",
+            self.violations.len(),
+            self.lost_updates,
+            self.stale_writes,
+            self.rejected_writes
+        )
+    }
+}
+
+/// A Markdown table of reports, one row each.
+pub fn markdown(reports: &[Report]) -> String {
+    let mut table = String::from(
+        "| scenario | fault | grants | during fault | refused | violations | lost updates | stale writes | fenced rejects | keys left | verdict |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+    );
+    for r in reports {
+        let verdict = match (r.verdict(), r.scenario.expect) {
+            (Ok(()), Expect::Violation) => "weakness shown".to_owned(),
+            (Ok(()), Expect::StaleWrite) if r.scenario.fenced => "late write rejected".to_owned(),
+            (Ok(()), Expect::StaleWrite) => "expired lease (needs fencing)".to_owned(),
+            (Ok(()), Expect::Unavailable) => "unavailable, safe".to_owned(),
+            (Ok(()), Expect::Available) => "ok".to_owned(),
+            (Err(why), _) => format!("FAIL: {why}"),
+        };
+        let _ = writeln!(
+            table,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            r.scenario.name,
+            r.scenario.fault_label(),
+            r.grants,
+            r.granted_while_faulted,
+            r.refused,
+            r.violations.len(),
+            r.lost_updates,
+            r.stale_writes,
+            r.rejected_writes,
+            r.keys_left,
+            verdict
+        );
+    }
+    table
+}

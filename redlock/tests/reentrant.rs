@@ -1,0 +1,316 @@
+//! The reentrant lock: nested holds of one owner, other owners refused, and hold counts that
+//! disagree between nodes after faults.
+
+mod common;
+
+use std::time::Duration;
+
+use redlock::{ErrorKind, NodeOutcome};
+use redlock_testkit::Cluster;
+
+/// The owner's hold count on each live, unpaused node (`None`: no field, or node skipped).
+fn counts(cluster: &Cluster, key: &str, owner: &str) -> Vec<Option<i64>> {
+    cluster
+        .nodes()
+        .iter()
+        .map(|node| {
+            if !node.is_running() || node.is_paused() {
+                return None;
+            }
+            let mut con = node.connection().ok()?;
+            redis::cmd("HGET").arg(key).arg(owner).query(&mut con).ok()?
+        })
+        .collect()
+}
+
+fn run(cluster: &Cluster, i: usize, args: &[&str]) {
+    let mut con = cluster.node(i).connection().unwrap();
+    let mut cmd = redis::cmd(args[0]);
+    for arg in &args[1..] {
+        cmd.arg(*arg);
+    }
+    let _: redis::Value = cmd.query(&mut con).unwrap();
+}
+
+async fn counts_become(cluster: &Cluster, key: &str, owner: &str, expected: &[Option<i64>]) {
+    let settled =
+        common::eventually(Duration::from_secs(5), || counts(cluster, key, owner) == expected)
+            .await;
+    assert!(settled, "counts {:?}, expected {expected:?}", counts(cluster, key, owner));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reentry_counts_holds_and_the_last_release_deletes_the_key_everywhere() {
+    let cluster = common::cluster(5);
+    let rl = common::client(&cluster);
+    let first = rl.try_lock_reentrant("job", "worker-1").await.unwrap();
+    assert_eq!((first.resource(), first.owner(), first.key()), ("job", "worker-1", "job"));
+    assert!(
+        first.validity() > Duration::from_secs(9) && first.validity() < Duration::from_secs(10)
+    );
+    counts_become(&cluster, "job", "worker-1", &[Some(1); 5]).await;
+
+    let second = rl.try_lock_reentrant("job", "worker-1").await.unwrap();
+    counts_become(&cluster, "job", "worker-1", &[Some(2); 5]).await;
+    let pttl = cluster.node(0).pttl("job").unwrap();
+    assert!(pttl > 9_000 && pttl <= 10_000, "PX is the lease: {pttl}");
+
+    second.release().await.unwrap();
+    counts_become(&cluster, "job", "worker-1", &[Some(1); 5]).await;
+    first.release().await.unwrap();
+    assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("job") == 0).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_hold_never_shortens_the_lease_of_a_longer_one() {
+    let cluster = common::cluster(3);
+    let rl = common::client(&cluster);
+    let long = rl.try_lock_reentrant_for("job", "w", Duration::from_secs(10)).await.unwrap();
+    let mut short =
+        rl.try_lock_reentrant_for("job", "w", Duration::from_millis(500)).await.unwrap();
+    short.extend(Duration::from_millis(500)).await.unwrap();
+    assert!(short.validity() <= Duration::from_millis(500));
+    // Every node (some answer after the decision) keeps the longer lease.
+    let long_lease = || cluster.nodes().iter().all(|n| n.pttl("job").unwrap() > 9_000);
+    assert!(common::eventually(Duration::from_secs(1), long_lease).await);
+    short.release().await.unwrap();
+    long.release().await.unwrap();
+    assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("job") == 0).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_owner_is_refused_and_cannot_release_or_extend() {
+    let cluster = common::cluster(5);
+    let rl = common::client(&cluster);
+    let ours = rl.try_lock_reentrant("job", "a").await.unwrap();
+    let err = rl.try_lock_reentrant("job", "b").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotAcquired, "{err}");
+    assert!(err.held_by_others() >= 3, "{err}");
+    counts_become(&cluster, "job", "a", &[Some(1); 5]).await;
+    assert_eq!(counts(&cluster, "job", "b"), [None; 5], "the refused attempt left no field");
+
+    // b holds "other"; then, on every node, a takes it over (as after b's lease ran out).
+    let mut theirs = rl.try_lock_reentrant("other", "b").await.unwrap();
+    counts_become(&cluster, "other", "b", &[Some(1); 5]).await;
+    for i in 0..5 {
+        run(&cluster, i, &["DEL", "other"]);
+        run(&cluster, i, &["HSET", "other", "a", "1"]);
+        run(&cluster, i, &["PEXPIRE", "other", "60000"]);
+    }
+    let err = theirs.extend(Duration::from_secs(10)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+    assert!(err.held_by_others() >= 3, "{err}");
+    let err = theirs.release().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+    assert_eq!(counts(&cluster, "other", "a"), [Some(1); 5], "a's field is untouched");
+    assert_eq!(counts(&cluster, "other", "b"), [None; 5]);
+    for node in cluster.nodes() {
+        let pttl = node.pttl("other").unwrap();
+        assert!(pttl > 59_000 && pttl <= 60_000, "a's lease is untouched: {pttl}");
+    }
+    ours.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_and_reentrant_locks_on_one_resource_exclude_each_other() {
+    let cluster = common::cluster(3);
+    let rl = common::client(&cluster);
+    let plain = rl.try_lock("res").await.unwrap();
+    let err = rl.try_lock_reentrant("res", "a").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::WrongType, "{err}");
+    assert!(err.nodes().iter().any(|n| *n.outcome() == NodeOutcome::WrongType));
+    plain.release().await.unwrap();
+
+    let hold = rl.try_lock_reentrant("res", "a").await.unwrap();
+    assert_eq!(rl.try_lock("res").await.unwrap_err().kind(), ErrorKind::WrongType);
+    hold.release().await.unwrap();
+    assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("res") == 0).await);
+}
+
+/// An increment that timed out on a slow node lands there later: it was never counted, so it
+/// is never taken back, and that node alone keeps the key until its lease ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncounted_late_increment_leaves_the_key_to_expire_on_that_node_only() {
+    let mut cluster = common::cluster(5);
+    let rl = common::builder(&cluster, Duration::from_millis(100)).build().unwrap();
+    let lease = Duration::from_millis(1_500);
+    let first = rl.try_lock_reentrant_for("job", "a", lease).await.unwrap();
+    counts_become(&cluster, "job", "a", &[Some(1); 5]).await;
+
+    let slow = common::Slowdown::start(&mut cluster, &[0], Duration::from_millis(400));
+    let second = rl.try_lock_reentrant_for("job", "a", lease).await.unwrap();
+    slow.finish(&mut cluster);
+    // Node 0 ran the queued increment after waking up.
+    counts_become(&cluster, "job", "a", &[Some(2); 5]).await;
+
+    second.release().await.unwrap();
+    counts_become(&cluster, "job", "a", &[Some(2), Some(1), Some(1), Some(1), Some(1)]).await;
+    // One hold remains, on every node: another owner is refused.
+    assert_eq!(rl.try_lock_reentrant("job", "b").await.unwrap_err().kind(), ErrorKind::NotAcquired);
+
+    first.release().await.unwrap();
+    counts_become(&cluster, "job", "a", &[Some(1), None, None, None, None]).await;
+    let pttl = cluster.node(0).pttl("job").unwrap();
+    assert!(pttl > 0 && pttl <= 1_500, "left to its lease: {pttl}");
+    // A minority keeps it: another owner gets the lock over the other four.
+    let other = rl.try_lock_reentrant("job", "b").await.unwrap();
+    other.release().await.unwrap();
+    assert!(
+        common::eventually(Duration::from_secs(2), || cluster.count_key("job") == 0).await,
+        "node 0's key expired with its lease"
+    );
+}
+
+/// Counts lowered by hand on a minority (increments that never landed there): the lock
+/// stays on a quorum while a hold remains, and is gone everywhere after the last release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_minority_with_lower_counts_never_takes_the_lock_from_the_quorum() {
+    let cluster = common::cluster(5);
+    let rl = common::client(&cluster);
+    let mut first = rl.try_lock_reentrant("job", "a").await.unwrap();
+    let second = rl.try_lock_reentrant("job", "a").await.unwrap();
+    counts_become(&cluster, "job", "a", &[Some(2); 5]).await;
+    for i in [0, 1] {
+        run(&cluster, i, &["HSET", "job", "a", "1"]);
+    }
+    second.release().await.unwrap();
+    counts_become(&cluster, "job", "a", &[None, None, Some(1), Some(1), Some(1)]).await;
+    assert_eq!(cluster.count_key("job"), 3);
+    let err = rl.try_lock_reentrant("job", "b").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotAcquired, "the remaining hold keeps a quorum: {err}");
+    first.extend(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(cluster.count_key("job"), 3, "extend sets nothing again");
+    first.release().await.unwrap();
+    assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("job") == 0).await);
+}
+
+/// A count raised by hand (increments counted nowhere): the last release leaves that node's
+/// key to expire, and nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_with_a_higher_count_keeps_the_key_until_its_lease_ends() {
+    let cluster = common::cluster(5);
+    let rl = common::client(&cluster);
+    let hold = rl.try_lock_reentrant_for("job", "a", Duration::from_secs(3)).await.unwrap();
+    counts_become(&cluster, "job", "a", &[Some(1); 5]).await;
+    run(&cluster, 0, &["HSET", "job", "a", "5"]);
+    hold.release().await.unwrap();
+    counts_become(&cluster, "job", "a", &[Some(4), None, None, None, None]).await;
+    let pttl = cluster.node(0).pttl("job").unwrap();
+    assert!(pttl > 0 && pttl <= 3_000, "left to its lease: {pttl}");
+    rl.try_lock_reentrant("job", "b").await.unwrap().release().await.unwrap();
+}
+
+/// A node that restarted empty gets the owner's field back from the next acquisition; an
+/// older hold's release then removes it there, while the quorum keeps the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_empty_rejoins_and_the_quorum_keeps_the_lock() {
+    let mut cluster = common::cluster(5);
+    let rl = common::client(&cluster);
+    let first = rl.try_lock_reentrant("job", "a").await.unwrap();
+    counts_become(&cluster, "job", "a", &[Some(1); 5]).await;
+    cluster.node_mut(0).restart().unwrap();
+    assert_eq!(cluster.count_key("job"), 4);
+
+    let second = rl.try_lock_reentrant("job", "a").await.unwrap();
+    counts_become(&cluster, "job", "a", &[Some(1), Some(2), Some(2), Some(2), Some(2)]).await;
+    first.release().await.unwrap();
+    counts_become(&cluster, "job", "a", &[None, Some(1), Some(1), Some(1), Some(1)]).await;
+    assert_eq!(rl.try_lock_reentrant("job", "b").await.unwrap_err().kind(), ErrorKind::NotAcquired);
+    second.release().await.unwrap();
+    assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("job") == 0).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_minority_still_grants_and_releases() {
+    let mut cluster = common::cluster(5);
+    for i in [0, 3] {
+        cluster.node_mut(i).kill().unwrap();
+    }
+    let rl = common::builder(&cluster, Duration::from_millis(250)).build().unwrap();
+    let first = rl.try_lock_reentrant("job", "a").await.unwrap();
+    let second = rl.lock_reentrant("job", "a").await.unwrap();
+    counts_become(&cluster, "job", "a", &[None, Some(2), Some(2), None, Some(2)]).await;
+    second.release().await.unwrap();
+    first.release().await.unwrap();
+    assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("job") == 0).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_hold_is_released_in_the_background() {
+    let cluster = common::cluster(3);
+    let rl = common::client(&cluster);
+    let first = rl.try_lock_reentrant("job", "a").await.unwrap();
+    let second = rl.try_lock_reentrant("job", "a").await.unwrap();
+    counts_become(&cluster, "job", "a", &[Some(2); 3]).await;
+    drop(second);
+    counts_become(&cluster, "job", "a", &[Some(1); 3]).await;
+    let moved = tokio::spawn(async move { first }).await.unwrap();
+    drop(moved);
+    assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("job") == 0).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_names_are_config_errors() {
+    let cluster = common::cluster(1);
+    let rl = common::client(&cluster);
+    assert_eq!(rl.try_lock_reentrant("job", "").await.unwrap_err().kind(), ErrorKind::Config);
+    assert_eq!(rl.try_lock_reentrant("", "a").await.unwrap_err().kind(), ErrorKind::Config);
+    assert_eq!(rl.lock_reentrant("job", "").await.unwrap_err().kind(), ErrorKind::Config);
+    let err = rl.try_lock_reentrant_for("job", "a", Duration::ZERO).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config);
+}
+
+/// A decrement is not idempotent: a release or an acquisition cancelled mid-round is finished
+/// in the background from the same requests, never sent twice, so the other hold's count
+/// survives exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_calls_take_back_exactly_their_own_hold() {
+    let mut cluster = common::cluster(5);
+    let rl = common::builder(&cluster, Duration::from_secs(2)).build().unwrap();
+    let first = rl.try_lock_reentrant("job", "a").await.unwrap();
+    let second = rl.try_lock_reentrant("job", "a").await.unwrap();
+    counts_become(&cluster, "job", "a", &[Some(2); 5]).await;
+
+    // With a majority hung, both calls are still in flight when we give up on them.
+    for i in [0, 1, 2] {
+        cluster.node_mut(i).pause().unwrap();
+    }
+    let release = tokio::time::timeout(Duration::from_millis(100), second.release()).await;
+    assert!(release.is_err(), "the release should still have been running");
+    let attempt =
+        tokio::time::timeout(Duration::from_millis(100), rl.lock_reentrant("job", "a")).await;
+    assert!(attempt.is_err(), "the attempt should still have been running");
+    for i in [0, 1, 2] {
+        cluster.node_mut(i).resume().unwrap();
+    }
+    counts_become(&cluster, "job", "a", &[Some(1); 5]).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(counts(&cluster, "job", "a"), [Some(1); 5], "no decrement was sent twice");
+    first.release().await.unwrap();
+    assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("job") == 0).await);
+}
+
+/// The owner's last release is published, so a waiting `lock_reentrant` of another owner
+/// starts at once instead of after its retry pause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_release_wakes_a_waiting_owner() {
+    let cluster = common::cluster(3);
+    let patient =
+        redlock::Retry::new().with_delay(Duration::from_secs(5)).with_jitter(Duration::ZERO);
+    let rl = common::builder(&cluster, Duration::from_millis(200)).retry(patient).build().unwrap();
+    let first = rl.try_lock_reentrant("job", "a").await.unwrap();
+    let second = rl.try_lock_reentrant("job", "a").await.unwrap();
+    let waiter = {
+        let rl = rl.clone();
+        tokio::spawn(async move { rl.lock_reentrant("job", "b").await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    second.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "b must wait for a's last hold");
+    let released = std::time::Instant::now();
+    first.release().await.unwrap();
+    let theirs = tokio::time::timeout(Duration::from_secs(2), waiter).await.unwrap().unwrap();
+    assert!(released.elapsed() < Duration::from_secs(2));
+    assert_eq!(theirs.unwrap().owner(), "b");
+}

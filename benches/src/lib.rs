@@ -1,41 +1,39 @@
-//! Shared set-up for the benchmarks: the nodes to run against.
+//! Shared pieces of the benchmarks: the nodes, the implementations under comparison, the
+//! scenario runners and the statistics. Used by the criterion benches (`benches/lock.rs`)
+//! and by the comparison binary (`src/bin/compare.rs`).
+//!
+//! The implementations ([`Impl`]) all run against the same node URLs:
+//! - `ours`: this workspace's `redlock` crate;
+//! - `floor`: the same Redis commands with no library around them (`SET key token NX PX`
+//!   on every node in parallel, then the compare-and-delete script by `EVALSHA` on every
+//!   node in parallel, over raw redis-rs multiplexed connections, each bounded by the node
+//!   timeout);
+//! - `rslock`: the `rslock` crate (async);
+//! - `redlock-rs`: the `redlock` 2.x crate from crates.io (sync, run in `spawn_blocking`).
 
-use redlock_testkit::Cluster;
+mod client;
+mod machine;
+mod nodes;
+mod run;
+mod stats;
 
-/// The nodes a benchmark runs against: the ones named in `REDLOCK_NODES`
-/// (comma-separated URLs, e.g. the docker-compose masters), or a local cluster started
-/// through the testkit and stopped when this value is dropped.
-#[derive(Debug)]
-pub struct Nodes {
-    urls: Vec<String>,
-    _cluster: Option<Cluster>,
-}
+pub use client::{Client, Impl, Settings};
+pub use machine::machine_line;
+pub use nodes::Nodes;
+pub use run::{
+    Batch, hot_key_batch, latency_batch, throughput_batch, timed_concurrent, timed_sequential,
+};
+pub use stats::{Samples, fmt_duration};
 
-impl Nodes {
-    /// Reads `REDLOCK_NODES`, or starts `n` local nodes.
-    ///
-    /// # Panics
-    /// When the local nodes cannot be started (the message says how to install
-    /// `redis-server`): a benchmark has nothing to measure without them.
-    pub fn from_env_or_start(n: usize) -> Self {
-        match std::env::var("REDLOCK_NODES") {
-            Ok(list) if !list.trim().is_empty() => Self {
-                urls: list.split(',').map(|url| url.trim().to_owned()).collect(),
-                _cluster: None,
-            },
-            _ => {
-                let cluster =
-                    Cluster::start(n).unwrap_or_else(|err| panic!("cannot start {n} nodes: {err}"));
-                Self {
-                    urls: cluster.urls(),
-                    _cluster: Some(cluster),
-                }
-            }
-        }
-    }
-
-    /// The node URLs.
-    pub fn urls(&self) -> Vec<String> {
-        self.urls.clone()
-    }
+/// The client runtime of every benchmark: Tokio multi-thread with one worker per core
+/// (`workers`), as a service would run.
+///
+/// # Panics
+/// When the runtime cannot be built.
+pub fn runtime(workers: usize) -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .expect("a Tokio runtime")
 }

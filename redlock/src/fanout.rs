@@ -51,10 +51,6 @@ impl Round {
 
 /// Runs one request per node concurrently (request `i` goes to node `i`) and returns once
 /// a quorum said [`NodeOutcome::Ok`] or can no longer say it.
-///
-/// Requests still unanswered then finish in a background task, each within its own
-/// timeout: an unanswered `SET` may still make the lock stronger, a release must reach every
-/// node, and an extension heals nodes that answer late.
 pub(crate) async fn round<Fut>(requests: Vec<Fut>, started_at: Instant) -> Round
 where
     Fut: Future<Output = NodeOutcome> + Send + 'static,
@@ -80,6 +76,9 @@ where
         }
     };
     let decided_at = Instant::now();
+    // Unanswered requests finish in the background, each within its own timeout: an
+    // acquisition may still make the lock stronger (or be waiting for its connection), a
+    // release must reach every node, an extension heals nodes that answer late.
     drain_in_background(in_flight);
     Round { outcomes, decision, started_at, decided_at }
 }

@@ -14,7 +14,7 @@ use redis::{AsyncConnectionConfig, Client, Cmd, RedisError, Value};
 
 use crate::error::NodeOutcome;
 use crate::quarantine;
-use crate::script::{self, Script};
+use crate::script::{self, Call, Script};
 
 /// Why a request to a node did not produce a reply.
 #[derive(Clone, Debug)]
@@ -163,6 +163,14 @@ impl Node {
     ) -> Result<Value, Failure> {
         match self.request(&script.evalsha(keys, args)).await {
             Err(failure) if failure.is_noscript() => self.request(&script.eval(keys, args)).await,
+            other => other,
+        }
+    }
+
+    /// Runs a prepared script invocation, like [`eval`](Node::eval).
+    pub(crate) async fn call(&self, call: &Call) -> Result<Value, Failure> {
+        match self.request(call.evalsha()).await {
+            Err(failure) if failure.is_noscript() => self.request(&call.eval()).await,
             other => other,
         }
     }

@@ -16,6 +16,7 @@ use crate::node::Node;
 use crate::notify::{ReleaseWatch, Releases};
 use crate::quorum::{self, Decision};
 use crate::retry::{self, Retry};
+use crate::script::Call;
 use crate::{notify, protocol, token};
 
 /// A client for distributed locks over N independent Redis masters.
@@ -262,32 +263,30 @@ impl Inner {
         let timeout = self.config.node_timeout;
         let counter: Option<Arc<str>> = (fencing == Fencing::On).then(|| fence_key(&key));
         let highest = Arc::new(AtomicU64::new(0));
+        // One command for the round, shared by every node's request.
+        let request = match &counter {
+            None => Request::Plain(protocol::acquire_cmd(&key, &token, ttl_ms)),
+            Some(counter) => {
+                Request::Fenced(protocol::acquire_fenced_call(&key, counter, &token, ttl_ms))
+            }
+        };
         let requests: Vec<InFlight> = self
             .nodes
             .iter()
-            .map(|node| {
-                let (node, key, token) = (node.clone(), key.clone(), token.clone());
-                match &counter {
-                    None => fanout::shareable(fanout::bounded(
-                        timeout,
-                        protocol::acquire(node, key, token, ttl_ms),
-                    )),
-                    Some(counter) => fanout::shareable(fanout::bounded(
-                        timeout,
-                        protocol::acquire_fenced(
-                            node,
-                            key,
-                            counter.clone(),
-                            token,
-                            ttl_ms,
-                            highest.clone(),
-                        ),
-                    )),
-                }
+            .map(|node| match &request {
+                Request::Plain(cmd) => fanout::shareable(fanout::bounded(
+                    timeout,
+                    protocol::acquire(node.clone(), cmd.clone(), token.clone()),
+                )),
+                Request::Fenced(call) => fanout::shareable(fanout::bounded(
+                    timeout,
+                    protocol::acquire_fenced(node.clone(), call.clone(), highest.clone()),
+                )),
             })
             .collect();
-        // Unanswered SETs go on in the background: a lock held on more nodes than the bare
-        // quorum survives more failures. Releases on their nodes wait for them.
+        // Unanswered SETs go on in the background (one may still be waiting for its
+        // connection): a lock held on more nodes than the bare quorum survives more
+        // failures. Releases on their nodes wait for them.
         let round = fanout::round(requests.clone(), started_at).await;
         claim.track(fanout::still_in_flight(requests, &round));
         let lease = Duration::from_millis(ttl_ms);
@@ -325,15 +324,11 @@ impl Inner {
     /// from the acquisition's start.
     async fn raise_fence(&self, counter: &Arc<str>, fence: u64, started_at: Instant) -> Round {
         let timeout = self.config.node_timeout;
+        let call = protocol::raise_fence_call(counter, fence);
         let requests = self
             .nodes
             .iter()
-            .map(|node| {
-                fanout::bounded(
-                    timeout,
-                    protocol::raise_fence(node.clone(), counter.clone(), fence),
-                )
-            })
+            .map(|node| fanout::bounded(timeout, protocol::raise_fence(node.clone(), call.clone())))
             .collect();
         fanout::round(requests, started_at).await
     }
@@ -342,12 +337,11 @@ impl Inner {
     /// a moment ago), in the background on the nodes whose answer is unknown. The claim
     /// stays armed until then: if this future is dropped, its `Drop` releases everywhere.
     async fn clean_up(&self, claim: Claim, round: &Round) {
-        let channel = notify::channel(claim.key());
+        let call = self.release_call(claim.key(), claim.token());
         let mut granted = Vec::new();
         let mut uncertain = Vec::new();
         for (i, outcome) in round.outcomes.iter().enumerate() {
-            let set = claim.in_flight(i);
-            let request = self.release_request(i, claim.key(), claim.token(), &channel, set);
+            let request = self.release_request(i, &call, claim.in_flight(i));
             match outcome {
                 NodeOutcome::Ok | NodeOutcome::Quarantined => granted.push(request),
                 // The node answered about someone else's key: ours is not there.
@@ -415,12 +409,16 @@ impl Inner {
         mut in_flight: Vec<Option<InFlight>>,
     ) -> Vec<impl Future<Output = NodeOutcome> + Send + 'static> {
         in_flight.resize(self.nodes.len(), None);
-        let channel = notify::channel(key);
+        let call = self.release_call(key, token);
         in_flight
             .into_iter()
             .enumerate()
-            .map(|(i, set)| self.release_request(i, key, token, &channel, set))
+            .map(|(i, set)| self.release_request(i, &call, set))
             .collect()
+    }
+
+    fn release_call(&self, key: &str, token: &str) -> Arc<Call> {
+        protocol::release_call(key, token, &notify::channel(key))
     }
 
     /// The compare-and-delete on node `i`, sent only after our `SET` there (if one is
@@ -428,13 +426,10 @@ impl Inner {
     fn release_request(
         &self,
         i: usize,
-        key: &Arc<str>,
-        token: &Arc<str>,
-        channel: &Arc<str>,
+        call: &Arc<Call>,
         in_flight: Option<InFlight>,
     ) -> impl Future<Output = NodeOutcome> + Send + 'static + use<> {
-        let node = self.nodes[i].clone();
-        let (key, token, channel) = (key.clone(), token.clone(), channel.clone());
+        let (node, call) = (self.nodes[i].clone(), call.clone());
         let timeout = self.config.node_timeout;
         async move {
             // Outside the timeout: the SET is bounded by its own, and a release whose clock
@@ -442,7 +437,7 @@ impl Inner {
             if let Some(set) = in_flight {
                 set.await;
             }
-            fanout::bounded(timeout, protocol::release(node, key, token, channel)).await
+            fanout::bounded(timeout, protocol::release(node, call)).await
         }
     }
 
@@ -459,17 +454,18 @@ impl Inner {
     ) -> (Round, Option<Duration>, Vec<Option<InFlight>>) {
         in_flight.resize(self.nodes.len(), None);
         let timeout = self.config.node_timeout;
+        let call = protocol::extend_call(key, token, ttl_ms);
         let requests: Vec<InFlight> = self
             .nodes
             .iter()
             .zip(in_flight)
             .map(|(node, previous)| {
-                let (node, key, token) = (node.clone(), key.clone(), token.clone());
+                let (node, call) = (node.clone(), call.clone());
                 fanout::shareable(async move {
                     if let Some(previous) = previous {
                         previous.await;
                     }
-                    fanout::bounded(timeout, protocol::extend(node, key, token, ttl_ms)).await
+                    fanout::bounded(timeout, protocol::extend(node, call)).await
                 })
             })
             .collect();
@@ -507,6 +503,12 @@ impl Inner {
         };
         Error::round(kind, message, resource, round.report(&self.nodes))
     }
+}
+
+/// One acquisition command for a whole round.
+enum Request {
+    Plain(Arc<redis::Cmd>),
+    Fenced(Arc<Call>),
 }
 
 /// The key of a resource's fencing counter.

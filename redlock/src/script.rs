@@ -6,7 +6,7 @@
 //! `NOSCRIPT`, the fallback `EVAL` would come from a caller that has long given up, and
 //! the late `SET` would outlive the attempt.
 
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 
 use redis::Cmd;
 
@@ -57,6 +57,16 @@ impl Script {
         Self::invocation("EVAL", self.source, keys, args)
     }
 
+    /// One invocation, prepared once and shared by every node of a round.
+    pub(crate) fn call(&'static self, keys: &[&str], args: &[&[u8]]) -> Arc<Call> {
+        Arc::new(Call {
+            script: self,
+            evalsha: self.evalsha(keys, args),
+            keys: keys.iter().map(|key| (*key).to_owned()).collect(),
+            args: args.iter().map(|arg| arg.to_vec()).collect(),
+        })
+    }
+
     /// `SCRIPT LOAD source`.
     pub(crate) fn load(&self) -> Cmd {
         let mut cmd = redis::cmd("SCRIPT");
@@ -68,5 +78,28 @@ impl Script {
         let mut cmd = redis::cmd(verb);
         cmd.arg(body).arg(keys.len()).arg(keys).arg(args);
         cmd
+    }
+}
+
+/// A script invocation prepared once per round: the `EVALSHA` command every node gets, and
+/// what it takes to fall back to `EVAL` on a node that does not know the script.
+#[derive(Debug)]
+pub(crate) struct Call {
+    script: &'static Script,
+    evalsha: Cmd,
+    keys: Vec<String>,
+    args: Vec<Vec<u8>>,
+}
+
+impl Call {
+    pub(crate) fn evalsha(&self) -> &Cmd {
+        &self.evalsha
+    }
+
+    /// The `EVAL` fallback, built only when a node answers `NOSCRIPT`.
+    pub(crate) fn eval(&self) -> Cmd {
+        let keys: Vec<&str> = self.keys.iter().map(String::as_str).collect();
+        let args: Vec<&[u8]> = self.args.iter().map(Vec::as_slice).collect();
+        self.script.eval(&keys, &args)
     }
 }

@@ -214,6 +214,78 @@ impl Client {
     }
 }
 
+/// Handoff timing for tasks taking turns on one key: the gap between the moment a holder
+/// starts releasing and the moment the next holder has the lock.
+#[derive(Clone, Debug, Default)]
+pub struct Turns(Arc<std::sync::Mutex<TurnState>>);
+
+#[derive(Debug, Default)]
+struct TurnState {
+    released_at: Option<std::time::Instant>,
+    gaps: Vec<std::time::Duration>,
+}
+
+impl Turns {
+    fn state(&self) -> std::sync::MutexGuard<'_, TurnState> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn granted(&self) {
+        let mut state = self.state();
+        if let Some(released_at) = state.released_at.take() {
+            state.gaps.push(released_at.elapsed());
+        }
+    }
+
+    fn releasing(&self) {
+        self.state().released_at = Some(std::time::Instant::now());
+    }
+
+    /// The gaps measured so far.
+    pub fn gaps(&self) -> Vec<std::time::Duration> {
+        self.state().gaps.clone()
+    }
+}
+
+impl Client {
+    /// Waits for `key` with the implementation's blocking lock, holds it for `hold`, and
+    /// releases it, recording the handoff in `turns`. `None` for implementations without a
+    /// blocking lock worth measuring here (the floor has none; redlock-rs polls in a
+    /// blocking loop).
+    pub async fn take_turn(
+        &self,
+        key: &str,
+        hold: std::time::Duration,
+        turns: &Turns,
+    ) -> Option<Result<(), String>> {
+        match self {
+            Client::Ours { wait_rl, .. } => Some(
+                async {
+                    let lock = wait_rl.lock(key).await.map_err(err)?;
+                    turns.granted();
+                    tokio::time::sleep(hold).await;
+                    turns.releasing();
+                    lock.release().await.map_err(err)
+                }
+                .await,
+            ),
+            Client::Rslock { wait_mgr, ttl, .. } => Some(
+                async {
+                    let lock =
+                        wait_mgr.acquire_no_guard(key.as_bytes(), *ttl).await.map_err(err)?;
+                    turns.granted();
+                    tokio::time::sleep(hold).await;
+                    turns.releasing();
+                    wait_mgr.unlock(&lock).await;
+                    Ok(())
+                }
+                .await,
+            ),
+            Client::Floor(_) | Client::RedlockRs { .. } => None,
+        }
+    }
+}
+
 fn err(e: impl fmt::Display) -> String {
     e.to_string()
 }

@@ -17,11 +17,12 @@ mod nodes;
 mod run;
 mod stats;
 
-pub use client::{Client, Impl, Settings};
+pub use client::{Client, Impl, Settings, Turns};
 pub use machine::machine_line;
 pub use nodes::Nodes;
 pub use run::{
-    Batch, hot_key_batch, latency_batch, throughput_batch, timed_concurrent, timed_sequential,
+    Batch, handoff_batch, hot_key_batch, latency_batch, throughput_batch, timed_concurrent,
+    timed_sequential,
 };
 pub use stats::{Samples, fmt_duration};
 

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::client::Client;
+use crate::client::{Client, Turns};
 use crate::stats::Samples;
 
 /// How much one latency batch may do.
@@ -52,6 +52,43 @@ pub async fn hot_key_batch(
     key: &str,
 ) -> Samples {
     concurrent(client, vec![key.to_owned(); tasks], duration, true).await
+}
+
+/// `tasks` tasks taking turns on one `key` for `duration`, each holding it for `hold`:
+/// the samples are the handoff gaps (release started to next grant).
+pub async fn handoff_batch(
+    client: &Client,
+    tasks: usize,
+    hold: Duration,
+    duration: Duration,
+    key: &str,
+) -> Samples {
+    let turns = Turns::default();
+    let deadline = Instant::now() + duration;
+    let handles: Vec<_> = (0..tasks)
+        .map(|_| {
+            let (client, key, turns) = (client.clone(), key.to_owned(), turns.clone());
+            tokio::spawn(async move {
+                let mut errors = Samples::default();
+                while Instant::now() < deadline {
+                    match client.take_turn(&key, hold, &turns).await {
+                        None => break,
+                        Some(Ok(())) => {}
+                        Some(Err(e)) => errors.record(Duration::ZERO, Err(e)),
+                    }
+                }
+                errors
+            })
+        })
+        .collect();
+    let mut total = Samples::default();
+    for handle in handles {
+        if let Ok(errors) = handle.await {
+            total.merge(errors);
+        }
+    }
+    total.latencies = turns.gaps();
+    total
 }
 
 async fn concurrent(client: &Client, keys: Vec<String>, duration: Duration, wait: bool) -> Samples {

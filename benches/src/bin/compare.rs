@@ -14,14 +14,17 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use redlock_benches::{
-    Batch, Client, Impl, Nodes, Samples, Settings, fmt_duration, hot_key_batch, latency_batch,
-    machine_line, throughput_batch,
+    Batch, Client, Impl, Nodes, Samples, Settings, fmt_duration, handoff_batch, hot_key_batch,
+    latency_batch, machine_line, throughput_batch,
 };
 
 /// The node that is paused or killed in the fault scenarios (of the first five).
 const FAULTY: usize = 4;
 const TASKS: usize = 64;
 const HOT_TASKS: usize = 8;
+const HANDOFF_TASKS: usize = 4;
+/// How long each task holds the lock in the handoff scenario.
+const HANDOFF_HOLD: Duration = Duration::from_millis(2);
 
 #[derive(Clone, Copy)]
 struct Options {
@@ -102,6 +105,26 @@ fn main() {
             async move { hot_key_batch(&client, HOT_TASKS, slot, &key).await }
         }));
         table.add(&scenario, results, &[]);
+    }
+
+    // Handoff: tasks taking turns on one key; the gap from a release to the next grant.
+    {
+        let scenario = format!("handoff gap, {HANDOFF_TASKS} tasks taking turns, N=5");
+        let impls = [Impl::Ours, Impl::Rslock];
+        let clients = runtime.block_on(connect_all(&impls, &five, settings));
+        let slot = Duration::from_millis(1000 / scale as u64);
+        let results = runtime.block_on(interleave(&clients, 3, |client| {
+            let key = format!("bench:handoff:{}", client.kind());
+            async move { handoff_batch(&client, HANDOFF_TASKS, HANDOFF_HOLD, slot, &key).await }
+        }));
+        table.add(
+            &scenario,
+            results,
+            &[
+                (Impl::Floor, "no blocking lock"),
+                (Impl::RedlockRs, "polls in a blocking loop: not run"),
+            ],
+        );
     }
 
     // One node hung (SIGSTOP), node timeout 50 ms.

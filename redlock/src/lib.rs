@@ -91,6 +91,8 @@
 #![warn(missing_docs, missing_debug_implementations)]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+#[doc(hidden)]
+pub mod bench_internals;
 mod builder;
 mod error;
 mod fanout;

@@ -4,12 +4,14 @@
 //! few minutes; `src/bin/compare.rs` prints the side-by-side table.
 
 mod common;
+mod cpu;
 mod faults;
 mod hot_key;
 mod latency;
 mod throughput;
 
 criterion::criterion_main!(
+    cpu::benches,
     latency::benches,
     faults::benches,
     throughput::benches,

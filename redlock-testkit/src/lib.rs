@@ -83,6 +83,7 @@ mod node;
 mod port;
 mod proxy;
 mod ready;
+mod rw_history;
 
 pub use cluster::Cluster;
 pub use counter::Counter;
@@ -91,3 +92,4 @@ pub use fault::{Fault, FaultyCluster};
 pub use history::{Grant, GrantId, History, Violation};
 pub use node::{NodeConfig, Persistence, RedisNode};
 pub use proxy::{NetFault, Proxy};
+pub use rw_history::{RwGrant, RwGrantId, RwHistory, RwMode, RwViolation};

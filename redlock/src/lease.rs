@@ -92,28 +92,60 @@ fn unreachable_lost(resource: &str) -> Error {
     Error::local(ErrorKind::NotHeld, "the lock was lost", resource)
 }
 
-/// A lock that keeps itself alive: extended in the background about every third of its
-/// lease while it is held, with a lost-lock signal.
-///
-/// Call [`release()`](AutoLock::release) when done. Dropping it stops the extension and
-/// releases the lock in the background.
-#[must_use = "dropping an AutoLock stops its extension and releases the lock in the background"]
-pub struct AutoLock {
-    lease: Lease,
-    stop: Option<oneshot::Sender<()>>,
-    extender: Option<JoinHandle<Lock>>,
-    /// The lock itself when no extender could be started (no runtime).
-    parked: Option<Lock>,
+/// What the extender drives: a lock of any kind that can be renewed and released.
+pub(crate) trait Renewable: Send + 'static {
+    /// The resource name, for errors and the [`Lease`].
+    fn resource(&self) -> &str;
+    /// The token stored on the nodes, for the [`Lease`].
+    fn token(&self) -> &str;
+    /// The current validity deadline.
+    fn deadline(&self) -> Instant;
+    /// The lease of the last grant or extension: what each extension asks for.
+    fn ttl(&self) -> Duration;
+    /// One extension round.
+    fn extend(&mut self, ttl: Duration) -> impl Future<Output = Result<()>> + Send;
+    /// The release.
+    fn release(self) -> impl Future<Output = Result<()>> + Send;
 }
 
-impl fmt::Debug for AutoLock {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AutoLock").field("lease", &self.lease).finish_non_exhaustive()
+impl Renewable for Lock {
+    fn resource(&self) -> &str {
+        Lock::resource(self)
+    }
+
+    fn token(&self) -> &str {
+        Lock::token(self)
+    }
+
+    fn deadline(&self) -> Instant {
+        Lock::deadline(self)
+    }
+
+    fn ttl(&self) -> Duration {
+        Lock::ttl(self)
+    }
+
+    async fn extend(&mut self, ttl: Duration) -> Result<()> {
+        Lock::extend(self, ttl).await
+    }
+
+    async fn release(self) -> Result<()> {
+        Lock::release(self).await
     }
 }
 
-impl AutoLock {
-    pub(crate) fn start(lock: Lock, max_hold: Option<Duration>) -> Self {
+/// A lock of any kind kept alive by a background extender: what [`AutoLock`] and the
+/// read-write lock's auto guards are made of.
+pub(crate) struct Keeper<L: Renewable> {
+    lease: Lease,
+    stop: Option<oneshot::Sender<()>>,
+    extender: Option<JoinHandle<L>>,
+    /// The lock itself when no extender could be started (no runtime).
+    parked: Option<L>,
+}
+
+impl<L: Renewable> Keeper<L> {
+    pub(crate) fn start(lock: L, max_hold: Option<Duration>) -> Self {
         let (sender, status) = watch::channel(Status { deadline: lock.deadline(), lost: None });
         let lease = Lease { resource: lock.resource().into(), token: lock.token().into(), status };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -131,25 +163,14 @@ impl AutoLock {
         Self { lease, stop: Some(stop), extender: Some(extender), parked: None }
     }
 
-    /// A handle on the lease for the tasks doing the work.
-    pub fn lease(&self) -> Lease {
-        self.lease.clone()
-    }
-
-    /// What remains of the current lease.
-    pub fn validity(&self) -> Duration {
-        self.lease.validity()
-    }
-
-    /// Completes when the lock is lost; see [`Lease::lost`].
-    pub async fn lost(&self) -> Error {
-        self.lease.lost().await
+    pub(crate) fn lease(&self) -> &Lease {
+        &self.lease
     }
 
     /// Stops the extension (waiting for one in flight, never racing it) and releases the
     /// lock. Fails with the loss if the lock was lost at any point, else with the
     /// release's own error.
-    pub async fn release(mut self) -> Result<()> {
+    pub(crate) async fn release(mut self) -> Result<()> {
         let lock = self.stop_extending().await;
         let released = match lock {
             Some(lock) => lock.release().await,
@@ -163,7 +184,7 @@ impl AutoLock {
         }
     }
 
-    async fn stop_extending(&mut self) -> Option<Lock> {
+    async fn stop_extending(&mut self) -> Option<L> {
         if let Some(lock) = self.parked.take() {
             return Some(lock);
         }
@@ -175,12 +196,56 @@ impl AutoLock {
     }
 }
 
-impl Drop for AutoLock {
+impl<L: Renewable> Drop for Keeper<L> {
     fn drop(&mut self) {
-        // Aborting drops the Lock inside the task, which releases it in the background.
+        // Aborting drops the lock inside the task, which releases it in the background.
         if let Some(extender) = self.extender.take() {
             extender.abort();
         }
+    }
+}
+
+/// A lock that keeps itself alive: extended in the background about every third of its
+/// lease while it is held, with a lost-lock signal.
+///
+/// Call [`release()`](AutoLock::release) when done. Dropping it stops the extension and
+/// releases the lock in the background.
+#[must_use = "dropping an AutoLock stops its extension and releases the lock in the background"]
+pub struct AutoLock {
+    keeper: Keeper<Lock>,
+}
+
+impl fmt::Debug for AutoLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AutoLock").field("lease", self.keeper.lease()).finish_non_exhaustive()
+    }
+}
+
+impl AutoLock {
+    pub(crate) fn start(lock: Lock, max_hold: Option<Duration>) -> Self {
+        Self { keeper: Keeper::start(lock, max_hold) }
+    }
+
+    /// A handle on the lease for the tasks doing the work.
+    pub fn lease(&self) -> Lease {
+        self.keeper.lease().clone()
+    }
+
+    /// What remains of the current lease.
+    pub fn validity(&self) -> Duration {
+        self.keeper.lease().validity()
+    }
+
+    /// Completes when the lock is lost; see [`Lease::lost`].
+    pub async fn lost(&self) -> Error {
+        self.keeper.lease().lost().await
+    }
+
+    /// Stops the extension (waiting for one in flight, never racing it) and releases the
+    /// lock. Fails with the loss if the lock was lost at any point, else with the
+    /// release's own error.
+    pub async fn release(self) -> Result<()> {
+        self.keeper.release().await
     }
 }
 
@@ -247,12 +312,12 @@ impl Redlock {
 
 /// The extender: renews the lock about every third of its lease while it is held,
 /// retrying faster as the deadline nears when an extension fails, and reports the loss.
-async fn extend_while_held(
-    mut lock: Lock,
+async fn extend_while_held<L: Renewable>(
+    mut lock: L,
     max_until: Option<Instant>,
     status: watch::Sender<Status>,
     mut stop: oneshot::Receiver<()>,
-) -> Lock {
+) -> L {
     let ttl = lock.ttl();
     let lose = |err: Error| status.send_modify(|s| s.lost = Some(err));
     loop {

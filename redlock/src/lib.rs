@@ -114,6 +114,7 @@ pub use crate::builder::RedlockBuilder;
 pub use crate::error::{Error, ErrorKind, NodeOutcome, NodeReport, Result};
 pub use crate::kinds::multi::MultiLock;
 pub use crate::kinds::reentrant::ReentrantLock;
+pub use crate::kinds::rwlock::{AutoReadLock, AutoWriteLock, ReadLock, WriteLock, WriterPriority};
 pub use crate::lease::{AutoLock, Lease};
 pub use crate::lock::Lock;
 pub use crate::redlock::Redlock;

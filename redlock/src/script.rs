@@ -33,6 +33,10 @@ scripts! {
     MULTI_ACQUIRE = "multi_acquire.lua";
     MULTI_RELEASE = "multi_release.lua";
     MULTI_EXTEND = "multi_extend.lua";
+    RW_READ_ACQUIRE = "rw_read_acquire.lua";
+    RW_WRITE_ACQUIRE = "rw_write_acquire.lua";
+    RW_RELEASE = "rw_release.lua";
+    RW_EXTEND = "rw_extend.lua";
 }
 
 /// A Lua script with its SHA1 computed once.

@@ -49,6 +49,14 @@ async fn a_second_client_is_refused_while_the_lock_is_held() {
     let a = common::client(&cluster);
     let b = common::client(&cluster);
     let lock = a.try_lock("job").await.unwrap();
+    // Every node first: a's slowest SET must not race b's attempt below.
+    assert!(
+        common::eventually(Duration::from_secs(1), || cluster
+            .nodes_holding("job", lock.token())
+            .len()
+            == 5)
+        .await
+    );
     let err = b.try_lock("job").await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotAcquired, "{err}");
     assert!(err.held_by_others() >= 3, "{err}");

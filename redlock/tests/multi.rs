@@ -257,7 +257,12 @@ async fn a_release_wakes_a_waiter_on_any_of_its_resources() {
         let rl = rl.clone();
         tokio::spawn(async move { rl.lock("c").await })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Once the waiter has failed and subscribed (a release before that is found by polling).
+    assert!(
+        common::eventually(Duration::from_secs(3), || common::subscribers(&cluster, "c")
+            == [1, 1, 1])
+        .await
+    );
     assert!(!waiter.is_finished());
     lock.release().await.unwrap();
     let plain = tokio::time::timeout(Duration::from_secs(2), waiter).await.unwrap().unwrap();

@@ -83,6 +83,8 @@ async fn another_owner_is_refused_and_cannot_release_or_extend() {
     let cluster = common::cluster(5);
     let rl = common::client(&cluster);
     let ours = rl.try_lock_reentrant("job", "a").await.unwrap();
+    // Every node first: a's slowest request must not race b's attempt below.
+    counts_become(&cluster, "job", "a", &[Some(1); 5]).await;
     let err = rl.try_lock_reentrant("job", "b").await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotAcquired, "{err}");
     assert!(err.held_by_others() >= 3, "{err}");

@@ -23,20 +23,6 @@ fn patient(cluster: &Cluster, poll: Duration, max_wait: Duration) -> Redlock {
         .unwrap()
 }
 
-fn subscribers(cluster: &Cluster, key: &str) -> Vec<i64> {
-    let channel = format!("redlock:released:{key}");
-    cluster
-        .nodes()
-        .iter()
-        .map(|node| {
-            let mut con = node.connection().unwrap();
-            let (_, count): (String, i64) =
-                redis::cmd("PUBSUB").arg("NUMSUB").arg(&channel).query(&mut con).unwrap();
-            count
-        })
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_is_woken_by_the_release_not_by_its_poll() {
     let cluster = common::cluster(5);
@@ -51,7 +37,7 @@ async fn a_waiter_is_woken_by_the_release_not_by_its_poll() {
     });
     // Let the waiter fail once and subscribe.
     assert!(
-        common::eventually(Duration::from_secs(2), || subscribers(&cluster, "hot")
+        common::eventually(Duration::from_secs(2), || common::subscribers(&cluster, "hot")
             .iter()
             .all(|&n| n == 1))
         .await
@@ -66,7 +52,7 @@ async fn a_waiter_is_woken_by_the_release_not_by_its_poll() {
     );
     // The waiter is done: no subscription is left.
     assert!(
-        common::eventually(Duration::from_secs(2), || subscribers(&cluster, "hot")
+        common::eventually(Duration::from_secs(2), || common::subscribers(&cluster, "hot")
             .iter()
             .all(|&n| n == 0))
         .await
@@ -110,7 +96,7 @@ async fn a_dropped_waiter_leaves_no_lock_and_no_subscription() {
     let lock = holder.try_lock("k").await.unwrap();
     let waiting = tokio::spawn(async move { waiter.lock("k").await });
     assert!(
-        common::eventually(Duration::from_secs(2), || subscribers(&cluster, "k")
+        common::eventually(Duration::from_secs(2), || common::subscribers(&cluster, "k")
             .iter()
             .all(|&n| n == 1))
         .await
@@ -118,7 +104,7 @@ async fn a_dropped_waiter_leaves_no_lock_and_no_subscription() {
     waiting.abort();
     assert!(waiting.await.unwrap_err().is_cancelled());
     assert!(
-        common::eventually(Duration::from_secs(2), || subscribers(&cluster, "k")
+        common::eventually(Duration::from_secs(2), || common::subscribers(&cluster, "k")
             .iter()
             .all(|&n| n == 0))
         .await
@@ -142,7 +128,7 @@ async fn waiters_share_one_subscription_per_node() {
         .collect();
     tokio::time::sleep(Duration::from_millis(300)).await;
     // Four waiters of one client: one subscriber connection per node.
-    assert_eq!(subscribers(&cluster, "shared"), vec![1, 1, 1]);
+    assert_eq!(common::subscribers(&cluster, "shared"), vec![1, 1, 1]);
     let clients: Vec<usize> = cluster
         .nodes()
         .iter()

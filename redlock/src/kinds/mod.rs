@@ -7,6 +7,7 @@
 
 pub(crate) mod multi;
 pub(crate) mod reentrant;
+pub(crate) mod rwlock;
 
 use std::future::Future;
 use std::sync::Arc;

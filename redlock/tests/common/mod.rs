@@ -38,6 +38,21 @@ pub async fn eventually(within: Duration, mut check: impl FnMut() -> bool) -> bo
     }
 }
 
+/// How many pub/sub subscribers each node has for the release channel of `key`.
+pub fn subscribers(cluster: &Cluster, key: &str) -> Vec<i64> {
+    let channel = format!("redlock:released:{key}");
+    cluster
+        .nodes()
+        .iter()
+        .map(|node| {
+            let mut con = node.connection().unwrap();
+            let (_, count): (String, i64) =
+                redis::cmd("PUBSUB").arg("NUMSUB").arg(&channel).query(&mut con).unwrap();
+            count
+        })
+        .collect()
+}
+
 /// Nodes that answer only after a delay: paused now, resumed by a plain thread after
 /// `delay`, so that a request in flight sees slow nodes rather than dead ones.
 pub struct Slowdown {

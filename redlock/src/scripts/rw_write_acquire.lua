@@ -1,0 +1,70 @@
+-- Read-write lock, writer acquire: the write grant, if no share and no other writer is live.
+-- KEYS[1] = the lock key, ARGV[1] = our field ('w:<token>'), ARGV[2] = the lease in
+-- milliseconds, ARGV[3] = our intent field ('i:<id>', or '' for none), ARGV[4] = the
+-- intent's lifetime in milliseconds.
+-- Returns 1 when granted (our intent, fulfilled, is removed), -1 when held by readers or
+-- another writer: then our intent is recorded (or renewed), which blocks new readers.
+-- A key of another type (or a hash with foreign fields) raises WRONGTYPE: never touched.
+-- Common part (every rw_*.lua starts with it; scripts cannot include each other):
+-- reads the hash, refuses a key that is not a read-write lock before writing anything, then
+-- drops the fields whose expiry (server milliseconds, from TIME) has passed.
+local key = KEYS[1]
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local raw = redis.call('HGETALL', key)
+for i = 1, #raw, 2 do
+  local kind = string.sub(raw[i], 1, 2)
+  if tonumber(raw[i + 1]) == nil or (kind ~= 'r:' and kind ~= 'w:' and kind ~= 'i:') then
+    return redis.error_reply('WRONGTYPE the key is a hash but not a read-write lock')
+  end
+end
+-- field -> expiry, for the live fields only.
+local live = {}
+for i = 1, #raw, 2 do
+  local expiry = tonumber(raw[i + 1])
+  if expiry <= now then
+    redis.call('HDEL', key, raw[i])
+  else
+    live[raw[i]] = expiry
+  end
+end
+-- The key lives exactly as long as its longest-lived field: never shorter than any share.
+local function settle()
+  local latest = 0
+  for _, expiry in pairs(live) do
+    if expiry > latest then latest = expiry end
+  end
+  if latest > 0 then
+    redis.call('PEXPIREAT', key, string.format('%.0f', latest))
+  else
+    redis.call('DEL', key)
+  end
+end
+local function has(prefix, except)
+  for field in pairs(live) do
+    if string.sub(field, 1, 2) == prefix and field ~= except then return true end
+  end
+  return false
+end
+-- End of the common part.
+
+local intent = ARGV[3]
+if has('r:') or has('w:', ARGV[1]) then
+  if intent ~= '' then
+    live[intent] = now + tonumber(ARGV[4])
+    redis.call('HSET', key, intent, string.format('%.0f', live[intent]))
+    settle()
+  end
+  return -1
+end
+if intent ~= '' and live[intent] ~= nil then
+  live[intent] = nil
+  redis.call('HDEL', key, intent)
+end
+local expiry = now + tonumber(ARGV[2])
+if live[ARGV[1]] == nil or live[ARGV[1]] < expiry then
+  live[ARGV[1]] = expiry
+  redis.call('HSET', key, ARGV[1], string.format('%.0f', expiry))
+end
+settle()
+return 1

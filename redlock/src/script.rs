@@ -11,9 +11,10 @@ use std::sync::{Arc, LazyLock};
 use redis::Cmd;
 
 macro_rules! scripts {
-    ($($name:ident = $file:literal;)*) => {
-        $(pub(crate) static $name: LazyLock<Script> =
-            LazyLock::new(|| Script::new(include_str!(concat!("scripts/", $file))));)*
+    ($($name:ident = $($file:literal),+;)*) => {
+        $(pub(crate) static $name: LazyLock<Script> = LazyLock::new(|| {
+            Script::new(concat!($(include_str!(concat!("scripts/", $file))),+))
+        });)*
 
         /// Every script, to load on each new connection.
         pub(crate) fn all() -> impl Iterator<Item = &'static Script> {
@@ -33,10 +34,10 @@ scripts! {
     MULTI_ACQUIRE = "multi_acquire.lua";
     MULTI_RELEASE = "multi_release.lua";
     MULTI_EXTEND = "multi_extend.lua";
-    RW_READ_ACQUIRE = "rw_read_acquire.lua";
-    RW_WRITE_ACQUIRE = "rw_write_acquire.lua";
-    RW_RELEASE = "rw_release.lua";
-    RW_EXTEND = "rw_extend.lua";
+    RW_READ_ACQUIRE = "rw_common.lua", "rw_read_acquire.lua";
+    RW_WRITE_ACQUIRE = "rw_common.lua", "rw_write_acquire.lua";
+    RW_RELEASE = "rw_common.lua", "rw_release.lua";
+    RW_EXTEND = "rw_common.lua", "rw_extend.lua";
 }
 
 /// A Lua script with its SHA1 computed once.

@@ -10,15 +10,6 @@ use std::time::Duration;
 use redlock::{ErrorKind, NodeOutcome, Redlock, Retry};
 use redlock_testkit::{Cluster, NodeConfig};
 
-fn run(cluster: &Cluster, i: usize, args: &[&str]) {
-    let mut con = cluster.node(i).connection().unwrap();
-    let mut cmd = redis::cmd(args[0]);
-    for arg in &args[1..] {
-        cmd.arg(*arg);
-    }
-    let _: redis::Value = cmd.query(&mut con).unwrap();
-}
-
 fn failed_on(err: &redlock::Error, i: usize, needle: &str) -> bool {
     matches!(err.nodes()[i].outcome(), NodeOutcome::Failed(why) if why.contains(needle))
 }
@@ -28,9 +19,9 @@ fn failed_on(err: &redlock::Error, i: usize, needle: &str) -> bool {
 async fn error_replies_count_as_failed_nodes() {
     let cluster = Cluster::start_with(3, NodeConfig::new()).unwrap();
     let primary = Cluster::start(1).unwrap();
-    run(&cluster, 0, &["CONFIG", "SET", "maxmemory", "1"]);
-    run(&cluster, 1, &["REPLICAOF", "127.0.0.1", &primary.node(0).port().to_string()]);
-    run(&cluster, 2, &["ACL", "SETUSER", "default", "-set"]);
+    common::run(&cluster, 0, &["CONFIG", "SET", "maxmemory", "1"]);
+    common::run(&cluster, 1, &["REPLICAOF", "127.0.0.1", &primary.node(0).port().to_string()]);
+    common::run(&cluster, 2, &["ACL", "SETUSER", "default", "-set"]);
     let rl = common::client(&cluster);
     let err = rl.try_lock("k").await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
@@ -44,7 +35,7 @@ async fn error_replies_count_as_failed_nodes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_refusing_the_scripts_does_not_break_release_or_extend() {
     let cluster = common::cluster(3);
-    run(&cluster, 0, &["ACL", "SETUSER", "default", "-evalsha", "-eval"]);
+    common::run(&cluster, 0, &["ACL", "SETUSER", "default", "-evalsha", "-eval"]);
     let rl = common::client(&cluster);
     let mut lock = rl.try_lock("k").await.unwrap();
     lock.extend(Duration::from_secs(5)).await.unwrap();
@@ -56,7 +47,7 @@ async fn a_node_refusing_the_scripts_does_not_break_release_or_extend() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oom_minority_still_grants() {
     let cluster = common::cluster(5);
-    run(&cluster, 2, &["CONFIG", "SET", "maxmemory", "1"]);
+    common::run(&cluster, 2, &["CONFIG", "SET", "maxmemory", "1"]);
     let rl = common::client(&cluster);
     let lock = rl.try_lock("k").await.unwrap();
     lock.release().await.unwrap();

@@ -23,15 +23,6 @@ fn counts(cluster: &Cluster, key: &str, owner: &str) -> Vec<Option<i64>> {
         .collect()
 }
 
-fn run(cluster: &Cluster, i: usize, args: &[&str]) {
-    let mut con = cluster.node(i).connection().unwrap();
-    let mut cmd = redis::cmd(args[0]);
-    for arg in &args[1..] {
-        cmd.arg(*arg);
-    }
-    let _: redis::Value = cmd.query(&mut con).unwrap();
-}
-
 async fn counts_become(cluster: &Cluster, key: &str, owner: &str, expected: &[Option<i64>]) {
     let settled =
         common::eventually(Duration::from_secs(5), || counts(cluster, key, owner) == expected)
@@ -95,9 +86,9 @@ async fn another_owner_is_refused_and_cannot_release_or_extend() {
     let mut theirs = rl.try_lock_reentrant("other", "b").await.unwrap();
     counts_become(&cluster, "other", "b", &[Some(1); 5]).await;
     for i in 0..5 {
-        run(&cluster, i, &["DEL", "other"]);
-        run(&cluster, i, &["HSET", "other", "a", "1"]);
-        run(&cluster, i, &["PEXPIRE", "other", "60000"]);
+        common::run(&cluster, i, &["DEL", "other"]);
+        common::run(&cluster, i, &["HSET", "other", "a", "1"]);
+        common::run(&cluster, i, &["PEXPIRE", "other", "60000"]);
     }
     let err = theirs.extend(Duration::from_secs(10)).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
@@ -173,7 +164,7 @@ async fn a_minority_with_lower_counts_never_takes_the_lock_from_the_quorum() {
     let second = rl.try_lock_reentrant("job", "a").await.unwrap();
     counts_become(&cluster, "job", "a", &[Some(2); 5]).await;
     for i in [0, 1] {
-        run(&cluster, i, &["HSET", "job", "a", "1"]);
+        common::run(&cluster, i, &["HSET", "job", "a", "1"]);
     }
     second.release().await.unwrap();
     counts_become(&cluster, "job", "a", &[None, None, Some(1), Some(1), Some(1)]).await;
@@ -194,7 +185,7 @@ async fn a_node_with_a_higher_count_keeps_the_key_until_its_lease_ends() {
     let rl = common::client(&cluster);
     let hold = rl.try_lock_reentrant_for("job", "a", Duration::from_secs(3)).await.unwrap();
     counts_become(&cluster, "job", "a", &[Some(1); 5]).await;
-    run(&cluster, 0, &["HSET", "job", "a", "5"]);
+    common::run(&cluster, 0, &["HSET", "job", "a", "5"]);
     hold.release().await.unwrap();
     counts_become(&cluster, "job", "a", &[Some(4), None, None, None, None]).await;
     let pttl = cluster.node(0).pttl("job").unwrap();

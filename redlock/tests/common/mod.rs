@@ -24,6 +24,16 @@ pub fn client(cluster: &Cluster) -> Redlock {
     builder(cluster, Duration::from_millis(200)).build().unwrap()
 }
 
+/// Runs one raw command (`args[0]` and its arguments) on node `i`, ignoring the reply.
+pub fn run(cluster: &Cluster, i: usize, args: &[&str]) {
+    let mut con = cluster.node(i).connection().unwrap();
+    let mut cmd = redis::cmd(args[0]);
+    for arg in &args[1..] {
+        cmd.arg(*arg);
+    }
+    let _: redis::Value = cmd.query(&mut con).unwrap();
+}
+
 /// Polls `check` until it holds or `within` passes.
 pub async fn eventually(within: Duration, mut check: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + within;

@@ -165,7 +165,7 @@ impl Client {
         while Instant::now() < self.deadline {
             let attempt_started = Instant::now();
             let attempt = if self.scenario.fenced {
-                self.rl.try_lock_fenced(RESOURCE).await
+                self.rl.try_lock(RESOURCE).fenced().await
             } else {
                 self.rl.try_lock(RESOURCE).await
             };

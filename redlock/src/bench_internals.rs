@@ -16,12 +16,13 @@ pub fn validity(ttl: Duration, elapsed: Duration, factor: f64) -> Option<Duratio
 /// Feeds `votes` (yes or no, in answer order) to the round decision over `votes.len()`
 /// nodes; `Some(true)` when a quorum was reached, `Some(false)` when it became impossible.
 pub fn decide(votes: &[bool]) -> Option<bool> {
-    let (mut ok, mut answered) = (0, 0);
+    use crate::error::NodeOutcome;
+    use crate::quorum::{Settled, Tally, settle_acquire};
+    let mut tally = Tally::new(votes.len());
     for &vote in votes {
-        answered += 1;
-        ok += usize::from(vote);
-        if let Some(decision) = crate::quorum::decide(votes.len(), ok, answered) {
-            return Some(decision == crate::quorum::Decision::Reached);
+        tally.add(if vote { &NodeOutcome::Ok } else { &NodeOutcome::Held });
+        if let Some(settled) = settle_acquire(&tally) {
+            return Some(settled == Settled::Reached);
         }
     }
     None

@@ -4,11 +4,20 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::client::Redlock;
+use crate::config::{Config, Ttl};
+use crate::engine::Core;
 use crate::error::{Error, Result};
 use crate::node::Node;
-use crate::quorum;
-use crate::redlock::{Config, Redlock};
 use crate::retry::Retry;
+use crate::tasks::Tasks;
+
+impl Redlock {
+    /// Starts a [`RedlockBuilder`].
+    pub fn builder() -> RedlockBuilder {
+        RedlockBuilder::new()
+    }
+}
 
 /// Builds a [`Redlock`]. `build()` checks everything and never touches the network:
 /// connections open lazily, on first use, so a node that is down at start-up is fine.
@@ -145,7 +154,7 @@ impl RedlockBuilder {
         if self.nodes.is_empty() {
             return Err(Error::config("no nodes given"));
         }
-        let ttl_ms = check_ttl(self.ttl, self.drift_factor)?;
+        let ttl = Ttl::new(self.ttl, self.drift_factor)?;
         if self.node_timeout.is_zero() {
             return Err(Error::config("node_timeout must be greater than zero"));
         }
@@ -153,13 +162,26 @@ impl RedlockBuilder {
             return Err(Error::config("connect_timeout must be greater than zero"));
         }
         self.retry.validate().map_err(Error::config)?;
+        let config = Config {
+            ttl,
+            node_timeout: self.node_timeout,
+            connect_timeout: self.connect_timeout,
+            drift_factor: self.drift_factor,
+            retry: self.retry,
+            key_prefix: self.key_prefix,
+            restart_quarantine: self.restart_quarantine,
+        };
+        // The prefix alone must make a valid key.
+        config.key("x")?;
 
+        let tasks = Arc::new(Tasks::default());
         let mut seen = HashSet::new();
         let mut nodes = Vec::with_capacity(self.nodes.len());
         for (i, url) in self.nodes.iter().enumerate() {
             let client = redis::Client::open(url.as_str())
                 .map_err(|err| Error::config(format!("node {i}: unparsable URL: {err}")))?;
-            let node = Node::new(client, self.connect_timeout, self.restart_quarantine);
+            let node =
+                Node::new(client, config.connect_timeout, config.restart_quarantine, tasks.clone());
             if !seen.insert(node.address()) {
                 // Counting one master twice (even as two databases) would give one process
                 // two votes.
@@ -167,38 +189,8 @@ impl RedlockBuilder {
             }
             nodes.push(Arc::new(node));
         }
-        Ok(Redlock::from_config(
-            nodes,
-            Config {
-                ttl_ms,
-                node_timeout: self.node_timeout,
-                drift_factor: self.drift_factor,
-                retry: self.retry,
-                key_prefix: self.key_prefix,
-            },
-        ))
+        Ok(Redlock::from_core(Core::new(nodes, config, tasks)))
     }
-}
-
-/// Validates a lease against the drift allowance and returns it in Redis milliseconds.
-pub(crate) fn check_ttl(ttl: Duration, drift_factor: f64) -> Result<u64> {
-    if !(0.0..1.0).contains(&drift_factor) {
-        return Err(Error::config(format!("drift_factor must be in [0, 1), got {drift_factor}")));
-    }
-    let ms = quorum::ttl_millis(ttl).ok_or_else(|| {
-        Error::config(format!(
-            "ttl must be between 1 ms and {}, got {ttl:?}",
-            humantime::format_duration(quorum::MAX_TTL)
-        ))
-    })?;
-    let lease = Duration::from_millis(ms);
-    let drift = quorum::drift(lease, drift_factor);
-    if lease <= drift {
-        return Err(Error::config(format!(
-            "ttl {lease:?} leaves no validity after the drift allowance of {drift:?}"
-        )));
-    }
-    Ok(ms)
 }
 
 #[cfg(test)]
@@ -261,12 +253,13 @@ mod tests {
             factor in -0.5f64..1.5,
         ) {
             let ttl = Duration::from_micros(ttl_us);
-            match check_ttl(ttl, factor) {
-                Ok(ms) => {
+            match Ttl::new(ttl, factor) {
+                Ok(checked) => {
                     prop_assert!((0.0..1.0).contains(&factor));
-                    let lease = Duration::from_millis(ms);
+                    let lease = checked.duration();
                     prop_assert!(lease <= ttl);
-                    prop_assert!(quorum::validity(lease, Duration::ZERO, quorum::drift(lease, factor)).is_some());
+                    let start = std::time::Instant::now();
+                    prop_assert!(checked.validity(start, start).is_some());
                 }
                 Err(err) => prop_assert_eq!(err.kind(), ErrorKind::Config),
             }

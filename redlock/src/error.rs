@@ -28,6 +28,9 @@ pub enum ErrorKind {
     /// The key exists on a node with a data type other than a string: it is not a lock, and
     /// the library refuses to touch it.
     WrongType,
+    /// The client was shut down ([`Redlock::shutdown`](crate::Redlock::shutdown)): it takes
+    /// no new locks, or it could not clean every node in time.
+    Shutdown,
 }
 
 impl ErrorKind {
@@ -45,6 +48,7 @@ impl ErrorKind {
             Self::Expired => "expired",
             Self::NotHeld => "not_held",
             Self::WrongType => "wrong_type",
+            Self::Shutdown => "shutdown",
         }
     }
 
@@ -56,6 +60,7 @@ impl ErrorKind {
             Self::Expired => "validity used up during acquisition",
             Self::NotHeld => "lock no longer held",
             Self::WrongType => "key holds another data type",
+            Self::Shutdown => "the client is shut down",
         }
     }
 }
@@ -181,6 +186,11 @@ impl Error {
         round: RoundReport,
     ) -> Self {
         Self::new(kind, message.into(), Some(resource.to_owned()), Some(round))
+    }
+
+    /// An error about the client as a whole, with every node's outcome.
+    pub(crate) fn client(kind: ErrorKind, message: impl Into<String>, round: RoundReport) -> Self {
+        Self::new(kind, message.into(), None, Some(round))
     }
 
     pub(crate) fn local(kind: ErrorKind, message: impl Into<String>, resource: &str) -> Self {

@@ -3,8 +3,9 @@
 //! A lease can expire while its holder is paused (GC, swapping, a stopped VM); the holder
 //! then wakes up and writes as if it still held the lock. A fencing token stops that write
 //! at the resource: every write carries the token of the lock it was made under
-//! ([`Lock::fencing_token`](crate::Lock::fencing_token)), and the resource remembers the
-//! highest token it has accepted and rejects anything lower.
+//! ([`Lock::fencing_token`](crate::Lock::fencing_token), from a lock taken with
+//! `.fenced()`), and the resource remembers the highest token it has accepted and rejects
+//! anything lower. How tokens are ordered: [`crate::guide::fencing`].
 //!
 //! [`fenced_set`] does this for a value in Redis (any Redis: the protected resource, not
 //! the lock's masters). The same check in a relational store is one conditional `UPDATE`:
@@ -35,20 +36,33 @@ pub enum FencedWrite {
 }
 
 static FENCED_SET: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("scripts/fenced_set.lua")));
+    LazyLock::new(|| redis::Script::new(include_str!("lua/fenced_set.lua")));
+
+/// The key where [`fenced_set`] keeps the highest token seen for `key`: in the same Redis
+/// Cluster hash slot as `key` (`key` + `:fence` when `key` has a hash tag, `{key}:fence`
+/// otherwise). Keys that contain braces without a valid hash tag are not supported on a
+/// Redis Cluster (give them a tag).
+pub fn counter_key(key: &str) -> String {
+    if has_hash_tag(key) { format!("{key}:fence") } else { format!("{{{key}}}:fence") }
+}
+
+/// Whether `key` has a Redis Cluster hash tag: a non-empty `{...}` part, the first `{`
+/// up to the next `}`.
+fn has_hash_tag(key: &str) -> bool {
+    key.find('{').and_then(|open| key[open + 1..].find('}').map(|len| len > 0)).unwrap_or(false)
+}
 
 /// Sets `key` to `value` only if `token` is at least the highest token used on `key`
-/// before (kept in `<key>:fence`), atomically, in one script.
-///
-/// Equal tokens are accepted, so one holder may write several times under one lock.
+/// before (kept in [`counter_key`]`(key)`), atomically, in one script. Equal tokens are
+/// accepted, so one holder may write several times under one lock. Tokens are compared
+/// as numbers of any size (as digit strings, never as Lua doubles).
 ///
 /// ```no_run
 /// use redlock::fence::{fenced_set, FencedWrite};
 ///
 /// # async fn run(rl: redlock::Redlock, mut store: redis::aio::MultiplexedConnection) -> Result<(), Box<dyn std::error::Error>> {
-/// let lock = rl.lock_fenced("invoice:7").await?;
-/// let token = lock.fencing_token().expect("a fenced lock has a token");
-/// // ... a long pause here could outlive the lease ...
+/// let lock = rl.lock("invoice:7").fenced().await?;
+/// let token = lock.fencing_token().unwrap_or_default();
 /// match fenced_set(&mut store, "invoice:7:status", b"paid", token).await? {
 ///     FencedWrite::Written => {}
 ///     FencedWrite::Rejected => eprintln!("lost the lock before writing; nothing written"),
@@ -57,6 +71,9 @@ static FENCED_SET: LazyLock<redis::Script> =
 /// # Ok(())
 /// # }
 /// ```
+///
+/// # Errors
+/// The connection's error; a server error when the stored token is not a number.
 pub async fn fenced_set<C: ConnectionLike>(
     connection: &mut C,
     key: &str,
@@ -65,10 +82,24 @@ pub async fn fenced_set<C: ConnectionLike>(
 ) -> redis::RedisResult<FencedWrite> {
     let written: i64 = FENCED_SET
         .key(key)
-        .key(format!("{key}:fence"))
+        .key(counter_key(key))
         .arg(value)
-        .arg(token)
+        .arg(token.to_string())
         .invoke_async(connection)
         .await?;
     Ok(if written == 1 { FencedWrite::Written } else { FencedWrite::Rejected })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_counter_stays_in_the_values_hash_slot() {
+        assert_eq!(counter_key("invoice:7"), "{invoice:7}:fence");
+        assert_eq!(counter_key("{orders}:7"), "{orders}:7:fence");
+        assert_eq!(counter_key("a{}b"), "{a{}b}:fence");
+        assert!(!has_hash_tag("a{b"));
+        assert!(has_hash_tag("x{b}y"));
+    }
 }

@@ -1,4 +1,4 @@
-//! Keeping a lock alive while work runs, and saying when it is lost.
+//! Keeping a lock alive while work runs, and saying when it ends.
 
 use std::fmt;
 use std::future::Future;
@@ -9,17 +9,18 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::lock::Lock;
-use crate::redlock::Redlock;
+use crate::guard::Guard;
+use crate::tasks::Tasks;
 
 /// The shortest pause between two extension attempts, so that a failing node set is not
 /// hammered in a loop.
 const MIN_RETRY: Duration = Duration::from_millis(10);
 
-/// A view of a lock kept alive in the background: its validity, and whether it was lost.
+/// A view of a lock kept alive in the background: its validity, and whether it is still
+/// held.
 ///
-/// `Clone + Send + 'static`: hand it to every task that does the protected work, and have
-/// them stop when [`lost()`](Lease::lost) completes (`tokio::select!` on it).
+/// `Clone + Send + Sync + 'static`: hand it to every task that does the protected work, and
+/// have them stop when [`lost()`](Lease::lost) completes (`tokio::select!` on it).
 #[derive(Clone)]
 pub struct Lease {
     resource: Arc<str>,
@@ -30,7 +31,18 @@ pub struct Lease {
 #[derive(Clone, Debug)]
 struct Status {
     deadline: Instant,
-    lost: Option<Error>,
+    end: Option<End>,
+    /// Why the lease ends at its deadline, once the extender stopped extending it.
+    ends_because: Option<&'static str>,
+}
+
+/// Why a lease is no longer held.
+#[derive(Clone, Debug)]
+enum End {
+    /// Lost: an extension found it gone, or the maximum hold time was reached.
+    Lost(Error),
+    /// Given up: released, or its [`AutoLock`] dropped.
+    GivenUp(&'static str),
 }
 
 impl fmt::Debug for Lease {
@@ -38,7 +50,7 @@ impl fmt::Debug for Lease {
         f.debug_struct("Lease")
             .field("resource", &self.resource)
             .field("validity", &self.validity())
-            .field("lost", &self.is_lost())
+            .field("held", &self.is_held())
             .finish()
     }
 }
@@ -54,284 +66,260 @@ impl Lease {
         &self.token
     }
 
-    /// What remains of the current lease; extensions push it back, and it runs down to
-    /// zero once extensions stop.
+    /// What remains of the current lease: extensions push it back; zero once the lock is
+    /// no longer held.
     pub fn validity(&self) -> Duration {
-        self.status.borrow().deadline.saturating_duration_since(Instant::now())
-    }
-
-    /// Whether the lock was lost.
-    pub fn is_lost(&self) -> bool {
-        self.status.borrow().lost.is_some()
-    }
-
-    /// Completes when the lock is lost: an extension found the token gone from too many
-    /// nodes, the validity ran out before an extension could land (nodes unreachable), or
-    /// the maximum hold time was reached. The error says which. Never completes for a
-    /// lock released on purpose.
-    pub async fn lost(&self) -> Error {
-        let mut status = self.status.clone();
-        match status.wait_for(|s| s.lost.is_some()).await {
-            Ok(status) => match &status.lost {
-                Some(err) => err.clone(),
-                None => unreachable_lost(&self.resource),
-            },
-            // The extender ended without losing the lock: it was released on purpose.
-            Err(_) => std::future::pending().await,
+        let status = self.status.borrow();
+        match status.end {
+            Some(_) => Duration::ZERO,
+            None => status.deadline.saturating_duration_since(Instant::now()),
         }
     }
 
-    fn lost_now(&self) -> Option<Error> {
-        self.status.borrow().lost.clone()
+    /// The instant at which the current validity ends (extensions push it back).
+    pub fn deadline(&self) -> Instant {
+        self.status.borrow().deadline
+    }
+
+    /// Whether the lock is still held: not lost, not given up, and its validity not over.
+    pub fn is_held(&self) -> bool {
+        self.end().is_none()
+    }
+
+    /// Whether the lock is no longer held (lost, or given up): the opposite of
+    /// [`is_held`](Lease::is_held).
+    pub fn is_lost(&self) -> bool {
+        !self.is_held()
+    }
+
+    /// Completes when the lock stops being held, at its validity deadline at the latest,
+    /// whatever an extension in flight is doing: an extension found it gone from too many
+    /// nodes, the validity ran out before an extension landed (nodes unreachable, a paused
+    /// process), the maximum hold time was reached, or the lock was given up (released,
+    /// or its [`AutoLock`] dropped, or the work of
+    /// [`with_lock`](crate::Redlock::with_lock) ended). The error says which; its kind is
+    /// [`ErrorKind::NotHeld`] unless an extension failed for another reason.
+    pub async fn lost(&self) -> Error {
+        let mut status = self.status.clone();
+        loop {
+            let deadline = {
+                let current = status.borrow_and_update();
+                if let Some(end) = &current.end {
+                    return end.error(&self.resource);
+                }
+                current.deadline
+            };
+            tokio::select! {
+                changed = status.changed() => if changed.is_err() {
+                    return End::GivenUp("the lock was given up").error(&self.resource);
+                },
+                () = tokio::time::sleep_until(deadline.into()) => {
+                    // Over by the clock, unless an extension landed meanwhile.
+                    if let Some(end) = self.end() {
+                        return end.error(&self.resource);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Why the lock is no longer held, if it is not.
+    fn end(&self) -> Option<End> {
+        let status = self.status.borrow();
+        match &status.end {
+            Some(end) => Some(end.clone()),
+            None if Instant::now() >= status.deadline => Some(End::Lost(Error::local(
+                ErrorKind::NotHeld,
+                status.ends_because.unwrap_or("the validity ran out before an extension landed"),
+                &self.resource,
+            ))),
+            None => None,
+        }
     }
 }
 
-/// `wait_for` only returns values that pass its predicate; this keeps that path total
-/// without a panic.
-fn unreachable_lost(resource: &str) -> Error {
-    Error::local(ErrorKind::NotHeld, "the lock was lost", resource)
-}
-
-/// What the extender drives: a lock of any kind that can be renewed and released.
-pub(crate) trait Renewable: Send + 'static {
-    /// The resource name, for errors and the [`Lease`].
-    fn resource(&self) -> &str;
-    /// The token stored on the nodes, for the [`Lease`].
-    fn token(&self) -> &str;
-    /// The current validity deadline.
-    fn deadline(&self) -> Instant;
-    /// The lease of the last grant or extension: what each extension asks for.
-    fn ttl(&self) -> Duration;
-    /// One extension round.
-    fn extend(&mut self, ttl: Duration) -> impl Future<Output = Result<()>> + Send;
-    /// The release.
-    fn release(self) -> impl Future<Output = Result<()>> + Send;
-}
-
-impl Renewable for Lock {
-    fn resource(&self) -> &str {
-        Lock::resource(self)
-    }
-
-    fn token(&self) -> &str {
-        Lock::token(self)
-    }
-
-    fn deadline(&self) -> Instant {
-        Lock::deadline(self)
-    }
-
-    fn ttl(&self) -> Duration {
-        Lock::ttl(self)
-    }
-
-    async fn extend(&mut self, ttl: Duration) -> Result<()> {
-        Lock::extend(self, ttl).await
-    }
-
-    async fn release(self) -> Result<()> {
-        Lock::release(self).await
+impl End {
+    fn error(&self, resource: &str) -> Error {
+        match self {
+            Self::Lost(err) => err.clone(),
+            Self::GivenUp(why) => Error::local(ErrorKind::NotHeld, *why, resource),
+        }
     }
 }
 
-/// A lock of any kind kept alive by a background extender: what [`AutoLock`] and the
-/// read-write lock's auto guards are made of.
-pub(crate) struct Keeper<L: Renewable> {
+/// A lock that keeps itself alive: extended in the background about every third of its
+/// lease while it is held, with a lost-lock signal ([`lost()`](AutoLock::lost)).
+///
+/// Works for every kind: `Lock::auto_extend()` gives an `AutoLock<Lock>`,
+/// `ReadLock::auto_extend()` an `AutoLock<ReadLock>`, and so on. Call
+/// [`release()`](AutoLock::release) when done. Dropping it stops the extension, ends its
+/// [`Lease`]s at once, and releases the lock in the background.
+#[must_use = "dropping an AutoLock stops its extension and releases the lock in the background"]
+pub struct AutoLock<G: Guard> {
     lease: Lease,
+    status: Arc<watch::Sender<Status>>,
     stop: Option<oneshot::Sender<()>>,
-    extender: Option<JoinHandle<L>>,
-    /// The lock itself when no extender could be started (no runtime).
-    parked: Option<L>,
+    extender: Option<JoinHandle<Option<G>>>,
 }
 
-impl<L: Renewable> Keeper<L> {
-    pub(crate) fn start(lock: L, max_hold: Option<Duration>) -> Self {
-        let (sender, status) = watch::channel(Status { deadline: lock.deadline(), lost: None });
-        let lease = Lease { resource: lock.resource().into(), token: lock.token().into(), status };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            let err = Error::local(
-                ErrorKind::Config,
-                "auto-extension needs a Tokio runtime: the lock is not extended",
-                lock.resource(),
-            );
-            sender.send_modify(|s| s.lost = Some(err));
-            return Self { lease, stop: None, extender: None, parked: Some(lock) };
+impl<G: Guard> fmt::Debug for AutoLock<G> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AutoLock").field("lease", &self.lease).finish_non_exhaustive()
+    }
+}
+
+impl<G: Guard> AutoLock<G> {
+    pub(crate) fn start(guard: G, tasks: &Arc<Tasks>, max_hold: Option<Duration>) -> Self {
+        let initial = Status { deadline: guard.deadline(), end: None, ends_because: None };
+        let (status, receiver) = watch::channel(initial);
+        let status = Arc::new(status);
+        let lease = Lease {
+            resource: guard.resource().into(),
+            token: guard.token().into(),
+            status: receiver,
         };
         let (stop, stopped) = oneshot::channel();
         let max_until = max_hold.and_then(|max| Instant::now().checked_add(max));
-        let extender = runtime.spawn(extend_while_held(lock, max_until, sender, stopped));
-        Self { lease, stop: Some(stop), extender: Some(extender), parked: None }
+        let closed = tasks.closed();
+        let extend = extend_while_held(guard, max_until, status.clone(), stopped, closed);
+        let extender = tasks.spawn_with_handle(extend);
+        if extender.is_none() {
+            let err =
+                Error::local(ErrorKind::Config, "no runtime for the extender", lease.resource());
+            status.send_modify(|s| s.end = Some(End::Lost(err)));
+        }
+        Self { lease, status, stop: Some(stop), extender }
     }
 
-    pub(crate) fn lease(&self) -> &Lease {
-        &self.lease
+    /// A handle on the lease for the tasks doing the work.
+    pub fn lease(&self) -> Lease {
+        self.lease.clone()
+    }
+
+    /// What remains of the current lease.
+    pub fn validity(&self) -> Duration {
+        self.lease.validity()
+    }
+
+    /// Completes when the lock stops being held; see [`Lease::lost`].
+    pub async fn lost(&self) -> Error {
+        self.lease.lost().await
     }
 
     /// Stops the extension (waiting for one in flight, never racing it) and releases the
-    /// lock. Fails with the loss if the lock was lost at any point, else with the
-    /// release's own error.
-    pub(crate) async fn release(mut self) -> Result<()> {
-        let lock = self.stop_extending().await;
-        let released = match lock {
-            Some(lock) => lock.release().await,
+    /// lock.
+    ///
+    /// # Errors
+    /// The loss if the lock was lost at any point (its validity ran out, or an extension
+    /// found it gone), else the release's own error (see [`Lock::release`](crate::Lock::release)).
+    pub async fn release(mut self) -> Result<()> {
+        let lost = self.lease.end();
+        let guard = self.stop_extending().await;
+        self.status.send_modify(|s| s.end = s.end.take().or(Some(End::GivenUp("released"))));
+        let released = match guard {
+            Some(guard) => guard.release().await,
             None => {
                 Err(Error::local(ErrorKind::NotHeld, "the extender stopped", self.lease.resource()))
             }
         };
-        match self.lease.lost_now() {
-            Some(lost) => Err(lost),
+        match lost {
+            Some(end) => Err(end.error(self.lease.resource())),
             None => released,
         }
     }
 
-    async fn stop_extending(&mut self) -> Option<L> {
-        if let Some(lock) = self.parked.take() {
-            return Some(lock);
-        }
+    async fn stop_extending(&mut self) -> Option<G> {
         if let Some(stop) = self.stop.take() {
             // An extender that already ended (lock lost) has dropped its receiver.
             let _ = stop.send(());
         }
-        self.extender.take()?.await.ok()
+        self.extender.take()?.await.ok().flatten()
     }
 }
 
-impl<L: Renewable> Drop for Keeper<L> {
+impl<G: Guard> Drop for AutoLock<G> {
     fn drop(&mut self) {
-        // Aborting drops the lock inside the task, which releases it in the background.
+        // Whoever holds a lease learns at once that the lock is given up.
+        self.status.send_modify(|s| {
+            s.end.get_or_insert(End::GivenUp("the lock was given up: its AutoLock was dropped"));
+        });
+        // Aborting drops the guard inside the task, which releases it in the background.
         if let Some(extender) = self.extender.take() {
             extender.abort();
         }
     }
 }
 
-/// A lock that keeps itself alive: extended in the background about every third of its
-/// lease while it is held, with a lost-lock signal.
-///
-/// Call [`release()`](AutoLock::release) when done. Dropping it stops the extension and
-/// releases the lock in the background.
-#[must_use = "dropping an AutoLock stops its extension and releases the lock in the background"]
-pub struct AutoLock {
-    keeper: Keeper<Lock>,
-}
-
-impl fmt::Debug for AutoLock {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AutoLock").field("lease", self.keeper.lease()).finish_non_exhaustive()
+/// Runs `work` while `guard` is kept alive, then releases it; `Ok` only when the lock was
+/// held from the grant until `work` returned.
+pub(crate) async fn run_with<G, F, Fut, T>(guard: G, tasks: &Arc<Tasks>, work: F) -> Result<T>
+where
+    G: Guard,
+    F: FnOnce(Lease) -> Fut,
+    Fut: Future<Output = T>,
+{
+    let auto = AutoLock::start(guard, tasks, None);
+    let lease = auto.lease();
+    let output = work(lease.clone()).await;
+    // By the clock, before anything else: a process paused past its lease (a blocking call
+    // on a current-thread runtime) sees it here, whatever the extender managed to do.
+    if let Some(end) = lease.end() {
+        drop(auto);
+        return Err(end.error(lease.resource()));
     }
-}
-
-impl AutoLock {
-    pub(crate) fn start(lock: Lock, max_hold: Option<Duration>) -> Self {
-        Self { keeper: Keeper::start(lock, max_hold) }
-    }
-
-    /// A handle on the lease for the tasks doing the work.
-    pub fn lease(&self) -> Lease {
-        self.keeper.lease().clone()
-    }
-
-    /// What remains of the current lease.
-    pub fn validity(&self) -> Duration {
-        self.keeper.lease().validity()
-    }
-
-    /// Completes when the lock is lost; see [`Lease::lost`].
-    pub async fn lost(&self) -> Error {
-        self.keeper.lease().lost().await
-    }
-
-    /// Stops the extension (waiting for one in flight, never racing it) and releases the
-    /// lock. Fails with the loss if the lock was lost at any point, else with the
-    /// release's own error.
-    pub async fn release(self) -> Result<()> {
-        self.keeper.release().await
-    }
-}
-
-impl Lock {
-    /// Keeps this lock alive in the background until it is released or lost.
-    pub fn auto_extend(self) -> AutoLock {
-        AutoLock::start(self, None)
-    }
-
-    /// Like [`auto_extend`](Lock::auto_extend), but stops extending once the lock has been
-    /// held for `max_hold` (counted from this call): work that overruns it loses the lock.
-    pub fn auto_extend_capped(self, max_hold: Duration) -> AutoLock {
-        AutoLock::start(self, Some(max_hold))
-    }
-}
-
-impl Redlock {
-    /// Locks `resource` (waiting per the retry policy), runs `work` while the lock is
-    /// extended in the background, and releases it when `work` returns.
-    ///
-    /// `work` gets a [`Lease`] to watch: when [`Lease::lost`] completes, the lock is gone
-    /// and the work should stop (`tokio::select!` on it). Returns `Ok` with the work's
-    /// output when the lock was held from start to end, and the loss (an [`Error`] of kind
-    /// [`ErrorKind::NotHeld`] or [`ErrorKind::Unavailable`]...) when it was lost before
-    /// `work` returned; the output is then dropped, since it was produced without the
-    /// lock's protection. A release that reaches too few nodes after a held run is logged,
-    /// not returned: the keys expire with their lease.
-    ///
-    /// ```no_run
-    /// # async fn run(rl: redlock::Redlock) -> Result<(), redlock::Error> {
-    /// let report = rl
-    ///     .with_lock("nightly-report", |lease| async move {
-    ///         tokio::select! {
-    ///             report = build_report() => Some(report),
-    ///             err = lease.lost() => {
-    ///                 eprintln!("lock lost, stopping: {err}");
-    ///                 None
-    ///             }
-    ///         }
-    ///     })
-    ///     .await?;
-    /// # Ok(())
-    /// # }
-    /// # async fn build_report() -> String { String::new() }
-    /// ```
-    pub async fn with_lock<F, Fut, T>(&self, resource: &str, work: F) -> Result<T>
-    where
-        F: FnOnce(Lease) -> Fut,
-        Fut: Future<Output = T>,
-    {
-        let auto = self.lock(resource).await?.auto_extend();
-        let output = work(auto.lease()).await;
-        let lease = auto.lease();
-        match auto.release().await {
-            Ok(()) => Ok(output),
-            Err(lost) if lease.is_lost() => Err(lost),
-            Err(err) => {
-                tracing::warn!(target: "redlock", %err, "release after a held run failed; the keys expire");
-                Ok(output)
-            }
+    match auto.release().await {
+        Ok(()) => Ok(output),
+        // The lock was valid until the work ended; the keys expire with their lease.
+        Err(err) if err.kind() == ErrorKind::Unavailable => {
+            tracing::warn!(target: "redlock", %err, "release after a held run failed; the keys expire");
+            Ok(output)
         }
+        Err(err) => Err(err),
     }
 }
 
 /// The extender: renews the lock about every third of its lease while it is held,
 /// retrying faster as the deadline nears when an extension fails, and reports the loss.
-async fn extend_while_held<L: Renewable>(
-    mut lock: L,
+/// Gives the guard back when stopped; releases it itself when the client shuts down.
+async fn extend_while_held<G: Guard>(
+    guard: G,
     max_until: Option<Instant>,
-    status: watch::Sender<Status>,
+    status: Arc<watch::Sender<Status>>,
+    stop: oneshot::Receiver<()>,
+    closed: impl Future<Output = ()>,
+) -> Option<G> {
+    let extending = extend(guard, max_until, status.clone(), stop);
+    tokio::pin!(extending);
+    tokio::select! {
+        biased;
+        guard = &mut extending => Some(guard),
+        () = closed => {
+            status.send_modify(|s| s.end = s.end.take().or(Some(End::GivenUp("the client shut down"))));
+            None
+        }
+    }
+}
+
+async fn extend<G: Guard>(
+    mut guard: G,
+    max_until: Option<Instant>,
+    status: Arc<watch::Sender<Status>>,
     mut stop: oneshot::Receiver<()>,
-) -> L {
-    let ttl = lock.ttl();
-    let lose = |err: Error| status.send_modify(|s| s.lost = Some(err));
+) -> G {
+    let ttl = guard.ttl();
+    let lose = |err: Error| status.send_modify(|s| s.end = s.end.take().or(Some(End::Lost(err))));
     loop {
-        let due = next_extension(Instant::now(), lock.deadline(), ttl);
+        let due = next_extension(Instant::now(), guard.deadline(), ttl);
         tokio::select! {
             biased;
-            _ = &mut stop => return lock,
+            _ = &mut stop => return guard,
             () = tokio::time::sleep_until(due.into()) => {}
         }
         let now = Instant::now();
-        if now >= lock.deadline() {
-            let msg = "validity ran out before an extension landed";
-            lose(Error::local(ErrorKind::NotHeld, msg, lock.resource()));
-            return lock;
+        if now >= guard.deadline() {
+            let msg = "the validity ran out before an extension landed";
+            lose(Error::local(ErrorKind::NotHeld, msg, guard.resource()));
+            return guard;
         }
         let lease = match max_until {
             Some(until) => until.saturating_duration_since(now).min(ttl),
@@ -339,20 +327,21 @@ async fn extend_while_held<L: Renewable>(
         };
         if lease < ttl / 3 {
             // Too little of the allowed hold left to extend into: let the lease run out.
+            let why = "the maximum hold time was reached";
+            status.send_modify(|s| s.ends_because = Some(why));
             tokio::select! {
                 biased;
-                _ = &mut stop => return lock,
-                () = tokio::time::sleep_until(lock.deadline().into()) => {}
+                _ = &mut stop => return guard,
+                () = tokio::time::sleep_until(guard.deadline().into()) => {}
             }
-            let msg = "the maximum hold time was reached";
-            lose(Error::local(ErrorKind::NotHeld, msg, lock.resource()));
-            return lock;
+            lose(Error::local(ErrorKind::NotHeld, why, guard.resource()));
+            return guard;
         }
-        match lock.extend(lease).await {
-            Ok(()) => status.send_modify(|s| s.deadline = lock.deadline()),
+        match guard.extend(lease).await {
+            Ok(()) => status.send_modify(|s| s.deadline = guard.deadline()),
             Err(err) if err.kind() == ErrorKind::NotHeld => {
                 lose(err);
-                return lock;
+                return guard;
             }
             Err(err) => {
                 tracing::warn!(target: "redlock", %err, "extension failed; retrying while valid");
@@ -396,5 +385,37 @@ mod tests {
             Duration::from_millis(4)
         );
         assert_eq!(next_extension(now, now, ttl), now);
+    }
+
+    fn lease(deadline: Instant) -> (Lease, watch::Sender<Status>) {
+        let (sender, status) = watch::channel(Status { deadline, end: None, ends_because: None });
+        (Lease { resource: "r".into(), token: "t".into(), status }, sender)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lost_fires_at_the_deadline_whatever_the_extender_does() {
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let (lease, _sender) = lease(deadline);
+        let err = lease.lost().await;
+        assert_eq!(err.kind(), ErrorKind::NotHeld);
+        assert!(Instant::now() >= deadline);
+        assert!(lease.is_lost());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_extension_pushes_the_signal_back_and_a_give_up_fires_it() {
+        let (lease, sender) = lease(Instant::now() + Duration::from_secs(1));
+        let later = Instant::now() + Duration::from_secs(5);
+        sender.send_modify(|s| s.deadline = later);
+        let watcher = tokio::spawn({
+            let lease = lease.clone();
+            async move { lease.lost().await }
+        });
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(!watcher.is_finished() && lease.is_held());
+        sender.send_modify(|s| s.end = Some(End::GivenUp("released")));
+        let err = watcher.await.unwrap();
+        assert!(err.to_string().contains("released"), "{err}");
+        assert_eq!(lease.validity(), Duration::ZERO);
     }
 }

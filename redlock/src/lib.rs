@@ -89,38 +89,89 @@
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations)]
+#![warn(clippy::future_not_send)]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 #[doc(hidden)]
 pub mod bench_internals;
 mod builder;
+mod client;
+mod command;
+mod config;
+mod engine;
 mod error;
-mod fanout;
 pub mod fence;
+mod guard;
+pub mod guide;
 mod kinds;
 mod lease;
-mod lock;
 mod node;
-mod notify;
-mod protocol;
 mod quarantine;
 mod quorum;
-mod redlock;
+mod request;
 mod retry;
-mod script;
+mod tasks;
 mod token;
 
 pub use crate::builder::RedlockBuilder;
+pub use crate::client::{IntoRequest, Redlock};
 pub use crate::error::{Error, ErrorKind, NodeOutcome, NodeReport, Result};
+pub use crate::guard::Guard;
 pub use crate::kinds::multi::MultiLock;
+pub use crate::kinds::plain::Lock;
 pub use crate::kinds::reentrant::ReentrantLock;
-pub use crate::kinds::rwlock::{AutoReadLock, AutoWriteLock, ReadLock, WriteLock, WriterPriority};
+pub use crate::kinds::rwlock::{ReadLock, WriteLock, WriterPriority};
 pub use crate::lease::{AutoLock, Lease};
-pub use crate::lock::Lock;
-pub use crate::redlock::Redlock;
+pub use crate::request::{
+    Acquiring, LockRequest, MultiRequest, ReadRequest, ReentrantRequest, WriteRequest,
+};
 pub use crate::retry::Retry;
+
+/// A [`ReadLock`] kept alive in the background.
+pub type AutoReadLock = AutoLock<ReadLock>;
+
+/// A [`WriteLock`] kept alive in the background.
+pub type AutoWriteLock = AutoLock<WriteLock>;
 
 /// The README's examples, compiled as doctests so that they cannot rot.
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;
+
+/// Compile-time proof that every public future and guard is `Send` (and the guards
+/// `'static`): a spawned task can hold and await any of them.
+#[cfg(test)]
+mod send_checks {
+    use super::*;
+
+    fn send<T: Send>(_: &T) {}
+    fn send_static<T: Send + Sync + 'static>() {}
+
+    #[allow(dead_code)]
+    fn futures_are_send(rl: &Redlock, lease: &Lease, mut lock: Lock, auto: AutoLock<Lock>) {
+        send_static::<Redlock>();
+        send_static::<Lock>();
+        send_static::<ReentrantLock>();
+        send_static::<MultiLock>();
+        send_static::<ReadLock>();
+        send_static::<WriteLock>();
+        send_static::<AutoLock<Lock>>();
+        send_static::<AutoReadLock>();
+        send_static::<AutoWriteLock>();
+        send_static::<Lease>();
+        send_static::<Error>();
+        send(&std::future::IntoFuture::into_future(rl.lock("r")));
+        send(&std::future::IntoFuture::into_future(rl.reentrant("r", "o")));
+        send(&std::future::IntoFuture::into_future(rl.many(&["a"])));
+        send(&std::future::IntoFuture::into_future(rl.read("r")));
+        send(&std::future::IntoFuture::into_future(rl.write("r")));
+        send(&rl.with_lock("r", |lease| async move { lease.lost().await }));
+        send(&rl.with_lock(rl.write("r").once(), |lease| async move { lease.lost().await }));
+        send(&lease.lost());
+        send(&lock.is_held());
+        send(&lock.extend(std::time::Duration::ZERO));
+        send(&auto.lost());
+        send(&auto.release());
+        send(&lock.release());
+    }
+}

@@ -4,7 +4,13 @@
 //! Ordering matters for safety: commands sent over one multiplexed connection reach the
 //! server in the order they were queued, so a release queued after a `SET` that has not
 //! been answered yet (a hung node) is processed after that `SET` once the node wakes up.
+//! A request that was queued runs even if its caller stops waiting for the reply; one that
+//! was not queued yet (its connection still opening) never runs once dropped.
+//!
+//! Requests carry no timer: callers bound them. Connections are opened by a task, so that a
+//! connect shared by callers on several runtimes never outlives the runtime polling it.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -12,14 +18,15 @@ use futures::future::{BoxFuture, FutureExt, Shared};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, Cmd, RedisError, Value};
 
+use crate::command::{self, Command, Resend};
 use crate::error::NodeOutcome;
 use crate::quarantine;
-use crate::script::{self, Call, Script};
+use crate::tasks::Tasks;
 
 /// Why a request to a node did not produce a reply.
 #[derive(Clone, Debug)]
 pub(crate) enum Failure {
-    /// No connection could be used.
+    /// No connection could be used, or it dropped before the reply.
     Unreachable(Arc<str>),
     /// The node answered with an error reply.
     Server { code: Arc<str>, message: Arc<str> },
@@ -37,7 +44,7 @@ impl Failure {
         }
     }
 
-    pub(crate) fn is_wrong_type(&self) -> bool {
+    fn is_wrong_type(&self) -> bool {
         match self {
             Self::Server { code, message } => {
                 &**code == "WRONGTYPE" || message.contains("WRONGTYPE")
@@ -50,13 +57,23 @@ impl Failure {
         matches!(self, Self::Server { code, .. } if &**code == "NOSCRIPT")
     }
 
-    pub(crate) fn into_outcome(self) -> NodeOutcome {
+    /// What the failure means for the round.
+    pub(crate) fn outcome(&self) -> NodeOutcome {
         match self {
             _ if self.is_wrong_type() => NodeOutcome::WrongType,
-            Self::Unreachable(why) => NodeOutcome::Unreachable(why),
-            Self::Server { message, .. } => NodeOutcome::Failed(message),
+            Self::Unreachable(why) => NodeOutcome::Unreachable(why.clone()),
+            Self::Server { message, .. } => NodeOutcome::Failed(message.clone()),
         }
     }
+}
+
+/// A node's answer to one command.
+#[derive(Debug)]
+pub(crate) struct Reply {
+    pub(crate) value: Result<Value, Failure>,
+    /// The command went out a second time on a new connection, because the first one
+    /// dropped before the reply: it may have run twice (only [`Resend::Safe`] commands).
+    pub(crate) resent: bool,
 }
 
 /// Requests one connection may have queued and not yet written (redis-rs defaults to 50).
@@ -83,11 +100,14 @@ pub(crate) struct Node {
     name: Arc<str>,
     client: Client,
     connect_timeout: Duration,
+    tasks: Arc<Tasks>,
     state: Mutex<(u64, State)>,
     /// Zero when restart quarantine is off.
     quarantine: Duration,
     /// When the quarantine of the node's current process ends, as of the last connect.
     quarantined_until: Arc<Mutex<Option<Instant>>>,
+    /// Whether a refused release notification was already reported.
+    notify_refused: AtomicBool,
 }
 
 impl std::fmt::Debug for Node {
@@ -97,16 +117,23 @@ impl std::fmt::Debug for Node {
 }
 
 impl Node {
-    pub(crate) fn new(client: Client, connect_timeout: Duration, quarantine: Duration) -> Self {
+    pub(crate) fn new(
+        client: Client,
+        connect_timeout: Duration,
+        quarantine: Duration,
+        tasks: Arc<Tasks>,
+    ) -> Self {
         let info = client.get_connection_info();
         let name = format!("{}/{}", info.addr(), info.redis_settings().db()).into();
         Self {
             name,
             client,
             connect_timeout,
+            tasks,
             state: Mutex::new((0, State::Idle)),
             quarantine,
             quarantined_until: Arc::default(),
+            notify_refused: AtomicBool::new(false),
         }
     }
 
@@ -133,62 +160,75 @@ impl Node {
         self.client.get_connection_info().addr().to_string()
     }
 
-    /// `host:port/db`, the identity used in reports and to detect duplicate nodes.
+    /// `host:port/db`, the identity used in reports (never a password).
     pub(crate) fn name(&self) -> &Arc<str> {
         &self.name
     }
 
-    /// Sends one command and returns the reply, reconnecting once if the cached connection
-    /// turns out to be broken. The caller bounds the whole call with its node timeout.
-    pub(crate) async fn request(&self, cmd: &Cmd) -> Result<Value, Failure> {
-        let handle = self.connection().await?;
-        match self.send(handle, cmd).await {
-            Sent::Reply(reply) => reply,
-            // A connection opened before this call may have died since (a node restart):
-            // one retry on a new connection spares the caller a spurious failure.
-            Sent::Stale => match self.send(self.connection().await?, cmd).await {
-                Sent::Reply(reply) => reply,
-                Sent::Stale => Err(Failure::Unreachable("connection closed".into())),
+    /// Reports, once per node, that the node refused to publish a release notification.
+    pub(crate) fn note_notify_refused(&self) {
+        if !self.notify_refused.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                target: "redlock",
+                node = &*self.name,
+                "the node refused a release notification (an ACL user without the channel?): \
+                 releases still work, waiters fall back to polling"
+            );
+        }
+    }
+
+    /// Sends one command and returns the reply. A script unknown to the node (restarted:
+    /// its script cache is empty) is sent once more in full. A connection cached from an
+    /// earlier call that turns out to be broken is replaced, and the command re-sent on
+    /// the new one only if it is [`Resend::Safe`]: it may have run before the drop.
+    pub(crate) async fn send(&self, command: &Command) -> Reply {
+        let mut reply = self.send_cmd(command.first(), command.resend()).await;
+        if matches!(&reply.value, Err(failure) if failure.is_noscript())
+            && let Some(eval) = command.fallback()
+        {
+            // NOSCRIPT: the script did not run, so sending it in full is no repetition.
+            let resent = reply.resent;
+            reply = self.send_cmd(&eval, command.resend()).await;
+            reply.resent |= resent;
+        }
+        reply
+    }
+
+    async fn send_cmd(&self, cmd: &Cmd, resend: Resend) -> Reply {
+        let first = match self.connection().await {
+            Ok(handle) => handle,
+            Err(failure) => return Reply { value: Err(failure), resent: false },
+        };
+        let stale = match self.send_on(first, cmd).await {
+            Sent::Reply(value) => return Reply { value, resent: false },
+            Sent::Stale(failure) => failure,
+        };
+        if resend == Resend::Never {
+            return Reply { value: Err(stale), resent: false };
+        }
+        // A connection opened before this call may have died since (a node restart): one
+        // retry on a new connection spares the caller a spurious failure.
+        let value = match self.connection().await {
+            Ok(handle) => match self.send_on(handle, cmd).await {
+                Sent::Reply(value) => value,
+                Sent::Stale(failure) => Err(failure),
             },
-        }
+            Err(failure) => Err(failure),
+        };
+        Reply { value, resent: true }
     }
 
-    /// Runs a script by its hash, sending the source once if the node does not know it
-    /// (a restarted node forgets its script cache).
-    pub(crate) async fn eval(
-        &self,
-        script: &Script,
-        keys: &[&str],
-        args: &[&[u8]],
-    ) -> Result<Value, Failure> {
-        match self.request(&script.evalsha(keys, args)).await {
-            Err(failure) if failure.is_noscript() => self.request(&script.eval(keys, args)).await,
-            other => other,
-        }
-    }
-
-    /// Runs a prepared script invocation, like [`eval`](Node::eval).
-    pub(crate) async fn call(&self, call: &Call) -> Result<Value, Failure> {
-        match self.request(call.evalsha()).await {
-            Err(failure) if failure.is_noscript() => self.request(&call.eval()).await,
-            other => other,
-        }
-    }
-
-    async fn send(&self, mut handle: Handle, cmd: &Cmd) -> Sent {
-        let reply = match handle.connection.send_packed_command(cmd).await {
-            Ok(Value::ServerError(err)) => Err(Failure::from_redis(&RedisError::from(err))),
-            Ok(value) => Ok(value),
+    async fn send_on(&self, mut handle: Handle, cmd: &Cmd) -> Sent {
+        match handle.connection.send_packed_command(cmd).await {
+            Ok(Value::ServerError(err)) => Sent::Reply(Err(Failure::from_redis(&err.into()))),
+            Ok(value) => Sent::Reply(Ok(value)),
             Err(err) if err.is_unrecoverable_error() || err.is_connection_dropped() => {
                 self.discard(handle.generation);
-                if !handle.fresh {
-                    return Sent::Stale;
-                }
-                Err(Failure::from_redis(&err))
+                let failure = Failure::from_redis(&err);
+                if handle.fresh { Sent::Reply(Err(failure)) } else { Sent::Stale(failure) }
             }
-            Err(err) => Err(Failure::from_redis(&err)),
-        };
-        Sent::Reply(reply)
+            Err(err) => Sent::Reply(Err(Failure::from_redis(&err))),
+        }
     }
 
     /// The shared connection, opening it if needed. Concurrent callers wait on the same
@@ -208,7 +248,7 @@ impl Node {
                 State::Connecting { generation, future } => (*generation, future.clone()),
                 State::Idle => {
                     *counter += 1;
-                    let future = self.connect().boxed().shared();
+                    let future = self.connect();
                     *state = State::Connecting { generation: *counter, future: future.clone() };
                     (*counter, future)
                 }
@@ -226,42 +266,30 @@ impl Node {
         result.map(|connection| Handle { generation, connection, fresh: true })
     }
 
-    fn connect(&self) -> impl Future<Output = Result<MultiplexedConnection, Failure>> + use<> {
+    /// Opens a connection in a task of its own (on the caller's runtime, where its driver
+    /// then lives), shared by every caller that waits for it.
+    fn connect(&self) -> Connecting {
         let client = self.client.clone();
         let timeout = self.connect_timeout;
         let (quarantine, quarantined_until) = (self.quarantine, self.quarantined_until.clone());
-        let config = AsyncConnectionConfig::new()
-            // Room for many requests queued to a hung node: a release that cannot be queued
-            // behind its SET before its timeout is lost, and the SET then outlives it.
-            .set_pipeline_buffer_size(PIPELINE_BUFFER)
-            .set_connection_timeout(Some(timeout))
-            .set_response_timeout(None);
-        async move {
-            // The deadline counts from the first poll, so a connect that nobody waited on
-            // for a while cannot hand out a connection to a node that stopped answering.
-            let open = async {
-                let mut connection =
-                    client.get_multiplexed_async_connection_with_config(&config).await?;
-                // Before any command of ours: see the script module for why this is safety.
-                if let Err(err) = load_scripts().query_async::<()>(&mut connection).await {
-                    // A node that refuses SCRIPT LOAD still works through EVAL on demand.
-                    if err.code().is_none() {
-                        return Err(err);
-                    }
-                    tracing::debug!(target: "redlock", %err, "scripts not preloaded");
-                }
-                if !quarantine.is_zero() {
-                    let end = read_quarantine_end(&mut connection, quarantine).await?;
-                    *lock_ignoring_poison(&quarantined_until) = end;
-                }
-                Ok::<_, RedisError>(connection)
-            };
+        let task = self.tasks.spawn_with_handle(async move {
+            let open = open(&client, timeout, quarantine, &quarantined_until);
             match tokio::time::timeout(timeout, open).await {
                 Ok(Ok(connection)) => Ok(connection),
                 Ok(Err(err)) => Err(Failure::Unreachable(err.to_string().into())),
                 Err(_) => Err(Failure::Unreachable("connect timed out".into())),
             }
+        });
+        async move {
+            match task {
+                Some(task) => task.await.unwrap_or_else(|_| {
+                    Err(Failure::Unreachable("the connect was cancelled".into()))
+                }),
+                None => Err(Failure::Unreachable("no runtime to connect on".into())),
+            }
         }
+        .boxed()
+        .shared()
     }
 
     fn discard(&self, generation: u64) {
@@ -277,6 +305,35 @@ impl Node {
     }
 }
 
+/// Connects, preloads the scripts and, with restart quarantine on, reads the node's uptime.
+async fn open(
+    client: &Client,
+    timeout: Duration,
+    quarantine: Duration,
+    quarantined_until: &Mutex<Option<Instant>>,
+) -> Result<MultiplexedConnection, RedisError> {
+    let config = AsyncConnectionConfig::new()
+        // Room for many requests queued to a hung node: a release that cannot be queued
+        // behind its SET before its timeout is lost, and the SET then outlives it.
+        .set_pipeline_buffer_size(PIPELINE_BUFFER)
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(None);
+    let mut connection = client.get_multiplexed_async_connection_with_config(&config).await?;
+    // Before any command of ours: see the command module for why this is safety.
+    if let Err(err) = load_scripts().query_async::<()>(&mut connection).await {
+        // A node that refuses SCRIPT LOAD still works through EVAL on demand.
+        if err.code().is_none() {
+            return Err(err);
+        }
+        tracing::debug!(target: "redlock", %err, "scripts not preloaded");
+    }
+    if !quarantine.is_zero() {
+        let end = read_quarantine_end(&mut connection, quarantine).await?;
+        *lock_ignoring_poison(quarantined_until) = end;
+    }
+    Ok(connection)
+}
+
 /// The critical sections never panic; if one ever did, its state is still usable.
 fn lock_ignoring_poison<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
@@ -285,7 +342,7 @@ fn lock_ignoring_poison<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// `SCRIPT LOAD` of every script, in one pipeline whose replies are ignored.
 fn load_scripts() -> redis::Pipeline {
     let mut pipe = redis::pipe();
-    for script in script::all() {
+    for script in command::all_scripts() {
         pipe.add_command(script.load()).ignore();
     }
     pipe
@@ -309,7 +366,6 @@ async fn read_quarantine_end(
 
 enum Sent {
     Reply(Result<Value, Failure>),
-    /// The connection, cached from an earlier call, was already dead: the command may be
-    /// sent again on a new one.
-    Stale,
+    /// The connection, cached from an earlier call, was already dead.
+    Stale(Failure),
 }

@@ -1,8 +1,11 @@
-//! The arithmetic of the algorithm: quorum size, clock drift and lease validity.
+//! The arithmetic of the algorithm: quorum size, clock drift, lease validity, and when a
+//! round over the nodes is decided and what its failure means.
 //!
 //! Pure functions without I/O, so that they can be tested exhaustively.
 
 use std::time::Duration;
+
+use crate::error::{ErrorKind, NodeOutcome};
 
 /// Redis expires keys with one millisecond precision; the reference implementation adds
 /// these two milliseconds to the drift allowance to cover it.
@@ -44,25 +47,126 @@ pub(crate) fn ttl_millis(ttl: Duration) -> Option<u64> {
     u64::try_from(ttl.as_millis()).ok().filter(|&ms| ms > 0)
 }
 
-/// A round is decided once its outcome cannot change: `ok` votes reached the quorum, or so
-/// many nodes refused that even the ones still pending could not make up a quorum.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Decision {
-    /// A quorum of nodes agreed.
-    Reached,
-    /// A quorum is out of reach.
-    Failed,
+/// The answers of one round so far, by what they mean for the quorum.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Tally {
+    /// Configured nodes.
+    pub(crate) nodes: usize,
+    /// Yes votes that count toward the quorum.
+    pub(crate) ok: usize,
+    /// Nodes holding the key for another owner.
+    pub(crate) held: usize,
+    /// Nodes whose key has another data type.
+    pub(crate) wrong_type: usize,
+    /// Nodes without our key (release, extend and checks only).
+    pub(crate) absent: usize,
+    /// Nodes that timed out, were unreachable, failed, or are in restart quarantine.
+    pub(crate) faulty: usize,
+    /// Nodes that have not answered yet.
+    pub(crate) pending: usize,
 }
 
-/// Decides a round over `nodes` masters from the votes seen so far.
-pub(crate) fn decide(nodes: usize, ok: usize, answered: usize) -> Option<Decision> {
-    let needed = quorum(nodes);
-    if ok >= needed {
-        Some(Decision::Reached)
-    } else if ok + (nodes - answered) < needed {
-        Some(Decision::Failed)
+impl Tally {
+    /// A round over `nodes` nodes, none answered yet.
+    pub(crate) fn new(nodes: usize) -> Self {
+        Self { nodes, pending: nodes, ..Self::default() }
+    }
+
+    /// Counts one node's answer.
+    pub(crate) fn add(&mut self, outcome: &NodeOutcome) {
+        self.pending = self.pending.saturating_sub(1);
+        match outcome {
+            NodeOutcome::Ok => self.ok += 1,
+            NodeOutcome::Held => self.held += 1,
+            NodeOutcome::WrongType => self.wrong_type += 1,
+            NodeOutcome::Absent => self.absent += 1,
+            NodeOutcome::Pending => self.pending += 1,
+            NodeOutcome::Quarantined
+            | NodeOutcome::TimedOut
+            | NodeOutcome::Unreachable(_)
+            | NodeOutcome::Failed(_) => self.faulty += 1,
+        }
+    }
+
+    /// The tally of a finished list of outcomes.
+    pub(crate) fn of(outcomes: &[NodeOutcome]) -> Self {
+        let mut tally = Self::new(outcomes.len());
+        for outcome in outcomes {
+            tally.add(outcome);
+        }
+        tally
+    }
+
+    fn quorum(&self) -> usize {
+        quorum(self.nodes)
+    }
+
+    /// How many nodes may say no (or fail) while a quorum stays possible.
+    fn spare(&self) -> usize {
+        self.nodes - self.quorum()
+    }
+}
+
+/// How a round ended, once that can no longer change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Settled {
+    /// A quorum said yes.
+    Reached,
+    /// A quorum is out of reach, for the reason given.
+    Failed(ErrorKind),
+}
+
+/// Whether an acquisition round is settled: granted when a quorum said yes; refused, once the
+/// reason is certain whatever the nodes still pending say:
+///
+/// - [`ErrorKind::WrongType`] when more nodes than may fail hold a key of another type;
+/// - [`ErrorKind::NotAcquired`] when a quorum of nodes answered (they are alive: it is
+///   contention, not an outage);
+/// - [`ErrorKind::Unavailable`] when so many nodes failed that no quorum of them can answer.
+///
+/// A round whose failure is already certain may go on waiting for nodes that can still
+/// change its reason; each of them is bounded by its node timeout, and a hung minority is
+/// never waited for when the others already make the reason certain.
+pub(crate) fn settle_acquire(t: &Tally) -> Option<Settled> {
+    let (q, spare) = (t.quorum(), t.spare());
+    if t.ok >= q {
+        return Some(Settled::Reached);
+    }
+    if t.ok + t.pending >= q {
+        return None;
+    }
+    if t.wrong_type > spare {
+        return Some(Settled::Failed(ErrorKind::WrongType));
+    }
+    if t.wrong_type + t.pending > spare {
+        return None;
+    }
+    // Nodes that answered about the key are alive: with a quorum of them it is contention.
+    if t.ok + t.held + t.wrong_type + t.absent >= q {
+        Some(Settled::Failed(ErrorKind::NotAcquired))
+    } else if t.faulty > t.spare() {
+        Some(Settled::Failed(ErrorKind::Unavailable))
     } else {
         None
+    }
+}
+
+/// Whether a round about a lock we hold (release, extend, check) is settled: reached when a
+/// quorum said yes; [`ErrorKind::NotHeld`] once the lock is certainly gone from more nodes
+/// than may fail; [`ErrorKind::Unavailable`] once too few nodes can still say either.
+pub(crate) fn settle_hold(t: &Tally) -> Option<Settled> {
+    let spare = t.spare();
+    let gone = t.absent + t.held + t.wrong_type;
+    if t.ok >= t.quorum() {
+        Some(Settled::Reached)
+    } else if t.ok + t.pending >= t.quorum() {
+        None
+    } else if gone > spare {
+        Some(Settled::Failed(ErrorKind::NotHeld))
+    } else if gone + t.pending > spare {
+        None
+    } else {
+        Some(Settled::Failed(ErrorKind::Unavailable))
     }
 }
 
@@ -107,6 +211,45 @@ mod tests {
         assert_eq!(ttl_millis(Duration::MAX), None);
     }
 
+    fn tally(outcomes: &[NodeOutcome]) -> Tally {
+        Tally::of(outcomes)
+    }
+
+    /// Issue 9, item 10: two dead nodes answer at once; the live ones are waited for, and
+    /// the lock held on them is contention, not an outage.
+    #[test]
+    fn a_dead_minority_does_not_turn_contention_into_an_outage() {
+        use NodeOutcome::{Held, Pending};
+        let dead = || NodeOutcome::Unreachable("refused".into());
+        let early = tally(&[dead(), dead(), Held, Pending, Pending]);
+        assert_eq!(settle_acquire(&early), None, "the live nodes still decide the reason");
+        let done = tally(&[dead(), dead(), Held, Held, Held]);
+        assert_eq!(settle_acquire(&done), Some(Settled::Failed(ErrorKind::NotAcquired)));
+        let outage = tally(&[dead(), dead(), dead(), Held, Pending]);
+        assert_eq!(settle_acquire(&outage), Some(Settled::Failed(ErrorKind::Unavailable)));
+    }
+
+    #[test]
+    fn a_hung_minority_is_not_waited_for_when_the_others_decide() {
+        use NodeOutcome::{Held, Pending};
+        let held_on_three = tally(&[Held, Held, Held, Pending, Pending]);
+        assert_eq!(settle_acquire(&held_on_three), Some(Settled::Failed(ErrorKind::NotAcquired)));
+        let granted = tally(&[NodeOutcome::Ok, NodeOutcome::Ok, NodeOutcome::Ok, Pending, Pending]);
+        assert_eq!(settle_acquire(&granted), Some(Settled::Reached));
+    }
+
+    fn outcome(code: u8) -> NodeOutcome {
+        match code % 7 {
+            0 => NodeOutcome::Ok,
+            1 => NodeOutcome::Held,
+            2 => NodeOutcome::WrongType,
+            3 => NodeOutcome::Absent,
+            4 => NodeOutcome::TimedOut,
+            5 => NodeOutcome::Quarantined,
+            _ => NodeOutcome::Unreachable("x".into()),
+        }
+    }
+
     proptest! {
         #[test]
         fn two_quorums_always_overlap(n in 1usize..64) {
@@ -132,24 +275,47 @@ mod tests {
             }
         }
 
+        /// Once settled, a round never changes its mind, whatever the pending nodes say,
+        /// and with every node answered it is always settled.
         #[test]
-        fn a_decided_round_never_changes_its_mind(
-            n in 1usize..16,
-            votes in proptest::collection::vec(any::<bool>(), 16),
+        fn a_settled_round_never_changes_its_mind(
+            codes in proptest::collection::vec(any::<u8>(), 1..10),
         ) {
-            let mut first = None;
-            let (mut ok, mut answered) = (0, 0);
-            for vote in votes.iter().take(n) {
-                answered += 1;
-                ok += usize::from(*vote);
-                if let Some(d) = decide(n, ok, answered) {
-                    first.get_or_insert(d);
-                    prop_assert_eq!(Some(d), first);
+            let n = codes.len();
+            for settle in [settle_acquire, settle_hold] {
+                let mut t = Tally::new(n);
+                let mut first = None;
+                for code in &codes {
+                    t.add(&outcome(*code));
+                    if let Some(s) = settle(&t) {
+                        prop_assert_eq!(*first.get_or_insert(s), s);
+                    }
                 }
+                prop_assert!(settle(&t).is_some(), "{:?}", t);
             }
-            // With every node answered the round is always decided.
-            prop_assert!(decide(n, ok, n).is_some());
-            prop_assert_eq!(decide(n, ok, n) == Some(Decision::Reached), ok >= quorum(n));
+        }
+
+        /// The acquisition's reasons as the issue states them: a quorum of live nodes is
+        /// contention, too few live nodes is an outage.
+        #[test]
+        fn acquisition_reasons_follow_the_live_nodes(
+            codes in proptest::collection::vec(0u8..3, 1..10),
+            faults in 0usize..10,
+        ) {
+            let mut outcomes: Vec<NodeOutcome> = codes.iter().map(|c| outcome(*c)).collect();
+            outcomes.extend((0..faults).map(|_| NodeOutcome::TimedOut));
+            let t = tally(&outcomes);
+            let q = quorum(t.nodes);
+            let expected = if t.ok >= q {
+                Settled::Reached
+            } else if t.wrong_type > t.nodes - q {
+                Settled::Failed(ErrorKind::WrongType)
+            } else if t.ok + t.held + t.wrong_type >= q {
+                Settled::Failed(ErrorKind::NotAcquired)
+            } else {
+                Settled::Failed(ErrorKind::Unavailable)
+            };
+            prop_assert_eq!(settle_acquire(&t), Some(expected));
         }
     }
 }

@@ -30,7 +30,7 @@ fn a_lock_dropped_outside_a_runtime_is_left_to_its_ttl() {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let lock = runtime.block_on(async {
         let rl = common::client(&cluster);
-        let lock = rl.try_lock_for("k", Duration::from_secs(5)).await.unwrap();
+        let lock = rl.try_lock("k").ttl(Duration::from_secs(5)).await.unwrap();
         // Let every node answer before the runtime goes away.
         while cluster.count_key("k") < 3 {
             tokio::time::sleep(Duration::from_millis(5)).await;

@@ -43,7 +43,7 @@ async fn tokens_strictly_increase_across_clients_while_a_minority_restarts() {
             let (rl, tokens) = (contender(urls.clone()), tokens.clone());
             tokio::spawn(async move {
                 for _ in 0..GRANTS {
-                    let lock = rl.lock_fenced("fenced").await.unwrap();
+                    let lock = rl.lock("fenced").fenced().await.unwrap();
                     tokens.lock().unwrap().push(lock.fencing_token().unwrap());
                     // With a node restarting and others holding a failed attempt's partial
                     // keys, a release may not confirm a quorum: that is reported, and the
@@ -87,12 +87,12 @@ async fn a_holder_paused_past_its_lease_has_its_late_write_rejected() {
         .build()
         .unwrap();
 
-    let stalled = rl.try_lock_fenced("invoice").await.unwrap();
+    let stalled = rl.try_lock("invoice").fenced().await.unwrap();
     let stale_token = stalled.fencing_token().unwrap();
     // The holder stalls (a GC pause) past its lease; another client takes the lock and writes.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!stalled.is_valid());
-    let fresh = rl.try_lock_fenced("invoice").await.unwrap();
+    let fresh = rl.try_lock("invoice").fenced().await.unwrap();
     let fresh_token = fresh.fencing_token().unwrap();
     assert!(fresh_token > stale_token);
     assert_eq!(
@@ -121,7 +121,7 @@ async fn a_plain_lock_has_no_fencing_token_and_costs_no_counter() {
     let lock = rl.try_lock("plain").await.unwrap();
     assert_eq!(lock.fencing_token(), None);
     lock.release().await.unwrap();
-    assert_eq!(cluster.count_key("plain:fence"), 0);
+    assert_eq!(cluster.count_key("redlock:fence:plain"), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -130,19 +130,20 @@ async fn the_counter_is_raised_on_a_quorum_before_the_token_is_handed_out() {
     // Nodes disagree: a later grant by nodes 2-4 must still see a larger counter than a
     // token that came from nodes 0-2.
     for (i, value) in [(0, "100"), (1, "5"), (2, "5"), (3, "5"), (4, "5")] {
-        cluster.node(i).set("k:fence", value).unwrap();
+        cluster.node(i).set("redlock:fence:k", value).unwrap();
     }
     let rl = common::client(&cluster);
-    let first = rl.try_lock_fenced("k").await.unwrap();
+    let first = rl.try_lock("k").fenced().await.unwrap();
     let token = first.fencing_token().unwrap();
     assert!(token >= 6);
     first.release().await.unwrap();
     // Whatever quorum the next grant gets, it overlaps the raised quorum.
-    let second = rl.try_lock_fenced("k").await.unwrap();
+    let second = rl.try_lock("k").fenced().await.unwrap();
     assert!(second.fencing_token().unwrap() > token);
     let raised = (0..5)
         .filter(|&i| {
-            cluster.node(i).get("k:fence").unwrap().unwrap().parse::<u64>().unwrap() >= token
+            cluster.node(i).get("redlock:fence:k").unwrap().unwrap().parse::<u64>().unwrap()
+                >= token
         })
         .count();
     assert!(raised >= 3, "the counter was raised on a quorum");

@@ -127,7 +127,7 @@ async fn dropping_an_auto_lock_stops_the_extender_and_releases() {
     tokio::time::sleep(TTL).await;
     assert_eq!(cluster.count_key("k"), 0);
     assert_eq!(lease.validity(), Duration::ZERO);
-    assert!(!lease.is_lost(), "dropped on purpose, not lost");
+    assert!(lease.is_lost(), "a dropped AutoLock's lease reports the end (issue 9, item 8)");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

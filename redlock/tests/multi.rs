@@ -20,7 +20,7 @@ fn nodes_holding_all(cluster: &Cluster, token: &str) -> Vec<usize> {
 async fn the_granted_set_is_on_every_node_and_release_removes_all_of_it() {
     let cluster = common::cluster(5);
     let rl = common::client(&cluster);
-    let lock = rl.try_lock_many(&SET).await.unwrap();
+    let lock = rl.many(&SET).once().await.unwrap();
     assert_eq!(lock.resources(), SET);
     assert_eq!(lock.keys(), SET);
     assert!(lock.validity() > Duration::from_secs(9) && lock.validity() < Duration::from_secs(10));
@@ -48,7 +48,7 @@ async fn one_key_held_on_a_majority_refuses_the_set_and_leaves_none_of_it() {
         cluster.node(i).set("b", "foreign").unwrap();
     }
     let rl = common::client(&cluster);
-    let err = rl.try_lock_many(&SET).await.unwrap_err();
+    let err = rl.many(&SET).once().await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotAcquired, "{err}");
     assert_eq!(err.held_by_others(), 3, "{err}");
     assert_eq!(err.resource(), Some("a, b, c"));
@@ -72,7 +72,7 @@ async fn a_foreign_key_on_a_minority_blocks_only_those_nodes_and_survives_the_re
         cluster.node(i).set("b", "foreign").unwrap();
     }
     let rl = common::client(&cluster);
-    let lock = rl.try_lock_many(&SET).await.unwrap();
+    let lock = rl.many(&SET).once().await.unwrap();
     assert!(
         common::eventually(Duration::from_secs(1), || nodes_holding_all(&cluster, lock.token())
             == vec![2, 3, 4])
@@ -96,7 +96,7 @@ async fn a_foreign_key_on_a_minority_blocks_only_those_nodes_and_survives_the_re
 async fn release_never_deletes_another_owners_key() {
     let cluster = common::cluster(5);
     let rl = common::client(&cluster);
-    let lock = rl.try_lock_many(&SET).await.unwrap();
+    let lock = rl.many(&SET).once().await.unwrap();
     assert!(
         common::eventually(Duration::from_secs(1), || nodes_holding_all(&cluster, lock.token())
             .len()
@@ -124,7 +124,7 @@ async fn release_never_deletes_another_owners_key() {
 async fn extend_renews_every_key_and_a_failed_extend_changes_nothing() {
     let cluster = common::cluster(5);
     let rl = common::client(&cluster);
-    let mut lock = rl.try_lock_many_for(&SET, Duration::from_millis(500)).await.unwrap();
+    let mut lock = rl.many(&SET).ttl(Duration::from_millis(500)).once().await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     lock.extend(Duration::from_secs(5)).await.unwrap();
     assert!(lock.validity() > Duration::from_millis(4_800), "{:?}", lock.validity());
@@ -163,7 +163,7 @@ async fn a_killed_minority_still_grants() {
         cluster.node_mut(i).kill().unwrap();
     }
     let rl = common::builder(&cluster, Duration::from_millis(250)).build().unwrap();
-    let lock = rl.lock_many(&SET).await.unwrap();
+    let lock = rl.many(&SET).await.unwrap();
     lock.release().await.unwrap();
     let gone = || SET.iter().all(|k| cluster.count_key(k) == 0);
     assert!(common::eventually(Duration::from_secs(1), gone).await);
@@ -177,7 +177,7 @@ async fn a_key_of_another_type_is_an_error_and_nothing_is_set() {
         let _: i64 = redis::cmd("RPUSH").arg("b").arg("item").query(&mut con).unwrap();
     }
     let rl = common::client(&cluster);
-    let err = rl.try_lock_many(&SET).await.unwrap_err();
+    let err = rl.many(&SET).once().await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::WrongType, "{err}");
     assert!(err.nodes().iter().any(|n| *n.outcome() == NodeOutcome::WrongType), "{err}");
     assert_eq!(cluster.count_key("a") + cluster.count_key("c"), 0);
@@ -187,7 +187,7 @@ async fn a_key_of_another_type_is_an_error_and_nothing_is_set() {
 async fn a_dropped_multi_lock_is_released_in_the_background() {
     let cluster = common::cluster(3);
     let rl = common::client(&cluster);
-    let lock = rl.try_lock_many(&SET).await.unwrap();
+    let lock = rl.many(&SET).once().await.unwrap();
     let lock = tokio::spawn(async move { lock }).await.unwrap();
     drop(lock);
     assert!(
@@ -203,10 +203,10 @@ async fn bad_sets_are_config_errors() {
     let cluster = common::cluster(1);
     let rl = common::client(&cluster);
     for set in [&[][..], &["a", ""], &["a", "b", "a"]] {
-        assert_eq!(rl.try_lock_many(set).await.unwrap_err().kind(), ErrorKind::Config, "{set:?}");
-        assert_eq!(rl.lock_many(set).await.unwrap_err().kind(), ErrorKind::Config, "{set:?}");
+        assert_eq!(rl.many(set).once().await.unwrap_err().kind(), ErrorKind::Config, "{set:?}");
+        assert_eq!(rl.many(set).await.unwrap_err().kind(), ErrorKind::Config, "{set:?}");
     }
-    let err = rl.try_lock_many_for(&["a"], Duration::ZERO).await.unwrap_err();
+    let err = rl.many(&["a"]).ttl(Duration::ZERO).once().await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Config);
     assert_eq!(cluster.count_key("a"), 0);
 }
@@ -232,12 +232,12 @@ async fn a_shared_hash_tag_works_on_a_cluster_node() {
     assert!(ready, "the one-node cluster did not come up");
     let rl =
         common::builder(&cluster, Duration::from_millis(500)).key_prefix("locks:").build().unwrap();
-    let mut lock = rl.try_lock_many(&["{orders}:1", "{orders}:2"]).await.unwrap();
+    let mut lock = rl.many(&["{orders}:1", "{orders}:2"]).once().await.unwrap();
     assert_eq!(lock.keys(), ["locks:{orders}:1", "locks:{orders}:2"]);
     lock.extend(Duration::from_secs(5)).await.unwrap();
     lock.release().await.unwrap();
 
-    let err = rl.try_lock_many(&["orders:1", "orders:2"]).await.unwrap_err();
+    let err = rl.many(&["orders:1", "orders:2"]).once().await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
     assert!(
         matches!(err.nodes()[0].outcome(), NodeOutcome::Failed(why) if why.contains("same slot")),
@@ -252,7 +252,7 @@ async fn a_release_wakes_a_waiter_on_any_of_its_resources() {
     let patient =
         redlock::Retry::new().with_delay(Duration::from_secs(5)).with_jitter(Duration::ZERO);
     let rl = common::builder(&cluster, Duration::from_millis(200)).retry(patient).build().unwrap();
-    let lock = rl.try_lock_many(&SET).await.unwrap();
+    let lock = rl.many(&SET).once().await.unwrap();
     let waiter = {
         let rl = rl.clone();
         tokio::spawn(async move { rl.lock("c").await })

@@ -10,7 +10,7 @@ use redlock::ErrorKind;
 async fn release_after_expiry_reports_not_held_and_spares_the_new_owner() {
     let cluster = common::cluster(5);
     let rl = common::client(&cluster);
-    let stale = rl.try_lock_for("k", Duration::from_millis(50)).await.unwrap();
+    let stale = rl.try_lock("k").ttl(Duration::from_millis(50)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(120)).await;
     assert_eq!(stale.validity(), Duration::ZERO);
     let fresh = rl.try_lock("k").await.unwrap();
@@ -33,7 +33,7 @@ async fn release_with_a_locally_expired_lease_still_removes_our_keys_but_says_so
         common::builder(&cluster, Duration::from_millis(200)).drift_factor(0.5).build().unwrap();
     // A 100 ms lease with a 50% drift allowance is locally over after ~48 ms, while the
     // keys live 100 ms on the nodes.
-    let lock = rl.try_lock_for("k", Duration::from_millis(100)).await.unwrap();
+    let lock = rl.try_lock("k").ttl(Duration::from_millis(100)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(60)).await;
     assert!(!lock.is_valid());
     let err = lock.release().await.unwrap_err();
@@ -45,7 +45,7 @@ async fn release_with_a_locally_expired_lease_still_removes_our_keys_but_says_so
 async fn extend_renews_the_lease_from_its_own_start() {
     let cluster = common::cluster(5);
     let rl = common::client(&cluster);
-    let mut lock = rl.try_lock_for("k", Duration::from_millis(500)).await.unwrap();
+    let mut lock = rl.try_lock("k").ttl(Duration::from_millis(500)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     lock.extend(Duration::from_secs(5)).await.unwrap();
     assert!(lock.validity() > Duration::from_millis(4_800), "{:?}", lock.validity());
@@ -120,7 +120,7 @@ async fn a_failed_extend_deletes_nothing_and_keeps_the_old_validity() {
 async fn extend_refuses_once_the_validity_is_over() {
     let cluster = common::cluster(3);
     let rl = common::client(&cluster);
-    let mut lock = rl.try_lock_for("k", Duration::from_millis(30)).await.unwrap();
+    let mut lock = rl.try_lock("k").ttl(Duration::from_millis(30)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(60)).await;
     let err = lock.extend(Duration::from_secs(10)).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotHeld);

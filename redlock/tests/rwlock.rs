@@ -65,8 +65,8 @@ fn waiting_client(cluster: &Cluster, delay: Duration, max_wait: Duration) -> Red
 async fn readers_share_and_a_writer_excludes_readers_and_writers() {
     let cluster = common::cluster(5);
     let rl = common::client(&cluster);
-    let r1 = rl.try_read("doc").await.unwrap();
-    let r2 = rl.try_read("doc").await.unwrap();
+    let r1 = rl.read("doc").once().await.unwrap();
+    let r2 = rl.read("doc").once().await.unwrap();
     assert_ne!(r1.token(), r2.token());
     assert_eq!(
         (r1.resource(), r1.key(), r1.field()),
@@ -80,38 +80,38 @@ async fn readers_share_and_a_writer_excludes_readers_and_writers() {
     let pttl = cluster.node(0).pttl("doc").unwrap();
     assert!(pttl > 9_000 && pttl <= 10_000, "the key lives as long as its shares: {pttl}");
 
-    let err = rl.try_write("doc").await.unwrap_err();
+    let err = rl.write("doc").once().await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotAcquired, "{err}");
     assert!(err.held_by_others() >= 3, "{err}");
     assert_eq!(nodes_with_prefix(&cluster, "doc", "w:"), 0, "the refused writer left nothing");
     assert_eq!(nodes_with_prefix(&cluster, "doc", "i:"), 0, "try_write records no intent");
 
     r1.release().await.unwrap();
-    assert_eq!(rl.try_write("doc").await.unwrap_err().kind(), ErrorKind::NotAcquired);
+    assert_eq!(rl.write("doc").once().await.unwrap_err().kind(), ErrorKind::NotAcquired);
     r2.release().await.unwrap();
     assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("doc") == 0).await);
 
-    let w = rl.try_write("doc").await.unwrap();
+    let w = rl.write("doc").once().await.unwrap();
     assert!(w.field().starts_with("w:"));
-    assert_eq!(rl.try_read("doc").await.unwrap_err().kind(), ErrorKind::NotAcquired);
-    assert_eq!(rl.try_write("doc").await.unwrap_err().kind(), ErrorKind::NotAcquired);
+    assert_eq!(rl.read("doc").once().await.unwrap_err().kind(), ErrorKind::NotAcquired);
+    assert_eq!(rl.write("doc").once().await.unwrap_err().kind(), ErrorKind::NotAcquired);
     w.release().await.unwrap();
     assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("doc") == 0).await);
-    rl.try_read("doc").await.unwrap().release().await.unwrap();
+    rl.read("doc").once().await.unwrap().release().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_share_expires_on_its_own_without_freeing_the_writer_or_shortening_the_key() {
     let cluster = common::cluster(3);
     let rl = common::client(&cluster);
-    let long = rl.try_read_for("doc", Duration::from_secs(10)).await.unwrap();
-    let short = rl.try_read_for("doc", Duration::from_millis(300)).await.unwrap();
+    let long = rl.read("doc").ttl(Duration::from_secs(10)).once().await.unwrap();
+    let short = rl.read("doc").ttl(Duration::from_millis(300)).once().await.unwrap();
     let long_key = || cluster.nodes().iter().all(|n| n.pttl("doc").unwrap() > 9_000);
     assert!(common::eventually(Duration::from_secs(1), long_key).await, "never shortened");
 
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert!(!short.is_valid());
-    let err = rl.try_write("doc").await.unwrap_err();
+    let err = rl.write("doc").once().await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotAcquired, "the long share still excludes: {err}");
     // Every script drops expired fields: the write attempt pruned the short share.
     let pruned = || nodes_with_field(&cluster, "doc", short.field()) == 0;
@@ -122,16 +122,16 @@ async fn a_share_expires_on_its_own_without_freeing_the_writer_or_shortening_the
     assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
     assert_eq!(nodes_with_field(&cluster, "doc", long.field()), 3);
     long.release().await.unwrap();
-    rl.try_write("doc").await.unwrap().release().await.unwrap();
+    rl.write("doc").once().await.unwrap().release().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_cannot_release_or_extend_another_readers_share() {
     let cluster = common::cluster(3);
     let rl = common::client(&cluster);
-    let a = rl.try_read("doc").await.unwrap();
-    let b = rl.try_read("doc").await.unwrap();
-    let mut c = rl.try_read("doc").await.unwrap();
+    let a = rl.read("doc").once().await.unwrap();
+    let b = rl.read("doc").once().await.unwrap();
+    let mut c = rl.read("doc").once().await.unwrap();
     let all_three = || {
         [a.field(), b.field(), c.field()].iter().all(|f| nodes_with_field(&cluster, "doc", f) == 3)
     };
@@ -149,7 +149,7 @@ async fn a_reader_cannot_release_or_extend_another_readers_share() {
     let err = c.release().await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
     assert_eq!(nodes_with_field(&cluster, "doc", b.field()), 3);
-    assert_eq!(rl.try_write("doc").await.unwrap_err().kind(), ErrorKind::NotAcquired);
+    assert_eq!(rl.write("doc").once().await.unwrap_err().kind(), ErrorKind::NotAcquired);
     b.release().await.unwrap();
     assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("doc") == 0).await);
 }
@@ -158,13 +158,13 @@ async fn a_reader_cannot_release_or_extend_another_readers_share() {
 async fn failed_or_emptied_nodes_do_not_free_the_writer_early() {
     let mut cluster = common::cluster(5);
     let rl = common::client(&cluster);
-    let reader = rl.try_read("doc").await.unwrap();
+    let reader = rl.read("doc").once().await.unwrap();
     let everywhere = || nodes_with_field(&cluster, "doc", reader.field()) == 5;
     assert!(common::eventually(Duration::from_secs(1), everywhere).await);
 
     cluster.node_mut(0).kill().unwrap();
     cluster.node_mut(1).kill().unwrap();
-    let err = rl.try_write("doc").await.unwrap_err();
+    let err = rl.write("doc").once().await.unwrap_err();
     // Decided as soon as no quorum is possible: held on one node, two unreachable, may
     // already say "unavailable".
     assert!(matches!(err.kind(), ErrorKind::NotAcquired | ErrorKind::Unavailable), "{err}");
@@ -172,7 +172,7 @@ async fn failed_or_emptied_nodes_do_not_free_the_writer_early() {
     // Back without their data: they grant the writer, the other three still refuse it.
     cluster.node_mut(0).restart_empty().unwrap();
     cluster.node_mut(1).restart_empty().unwrap();
-    let err = rl.try_write("doc").await.unwrap_err();
+    let err = rl.write("doc").once().await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotAcquired, "{err}");
     assert_eq!(err.held_by_others(), 3, "{err}");
     let cleaned = || nodes_with_prefix(&cluster, "doc", "w:") == 0;
@@ -180,7 +180,7 @@ async fn failed_or_emptied_nodes_do_not_free_the_writer_early() {
     assert!(reader.is_valid());
 
     reader.release().await.unwrap();
-    rl.try_write("doc").await.unwrap().release().await.unwrap();
+    rl.write("doc").once().await.unwrap().release().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -189,14 +189,14 @@ async fn a_waiting_writer_blocks_new_readers_and_is_woken_by_the_last_release() 
     let rl = common::client(&cluster);
     // Pauses of 2 s between attempts: only a release notification can explain a quick grant.
     let waiting = waiting_client(&cluster, Duration::from_secs(2), Duration::from_secs(5));
-    let reader = rl.try_read("doc").await.unwrap();
+    let reader = rl.read("doc").once().await.unwrap();
     let writer = tokio::spawn(async move {
         let lock = waiting.write("doc").await;
         (lock, Instant::now())
     });
     let intent = || nodes_with_prefix(&cluster, "doc", "i:") == 3;
     assert!(common::eventually(Duration::from_secs(1), intent).await, "the writer's intent");
-    let err = rl.try_read("doc").await.unwrap_err();
+    let err = rl.read("doc").once().await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotAcquired, "a new reader waits for the writer: {err}");
 
     let released = Instant::now();
@@ -206,9 +206,9 @@ async fn a_waiting_writer_blocks_new_readers_and_is_woken_by_the_last_release() 
     let waited = granted - released;
     assert!(waited < Duration::from_millis(1000), "woken by the release, after {waited:?}");
     assert_eq!(nodes_with_prefix(&cluster, "doc", "i:"), 0, "the granted writer's intent is gone");
-    assert_eq!(rl.try_read("doc").await.unwrap_err().kind(), ErrorKind::NotAcquired);
+    assert_eq!(rl.read("doc").once().await.unwrap_err().kind(), ErrorKind::NotAcquired);
     lock.release().await.unwrap();
-    rl.try_read("doc").await.unwrap().release().await.unwrap();
+    rl.read("doc").once().await.unwrap().release().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -216,7 +216,7 @@ async fn a_waiting_reader_is_woken_when_the_writer_releases_and_a_writer_giving_
     let cluster = common::cluster(3);
     let rl = common::client(&cluster);
     let waiting = waiting_client(&cluster, Duration::from_secs(2), Duration::from_secs(5));
-    let writer = rl.try_write("doc").await.unwrap();
+    let writer = rl.write("doc").once().await.unwrap();
     let reader = tokio::spawn(async move {
         let lock = waiting.read("doc").await;
         (lock, Instant::now())
@@ -235,7 +235,7 @@ async fn a_waiting_reader_is_woken_when_the_writer_releases_and_a_writer_giving_
     assert_eq!(err.kind(), ErrorKind::NotAcquired, "{err}");
     let withdrawn = || nodes_with_prefix(&cluster, "doc", "i:") == 0;
     assert!(common::eventually(Duration::from_secs(1), withdrawn).await);
-    rl.try_read("doc").await.unwrap().release().await.unwrap();
+    rl.read("doc").once().await.unwrap().release().await.unwrap();
     lock.release().await.unwrap();
 }
 
@@ -355,12 +355,12 @@ async fn auto_extension_keeps_shares_and_writers_and_signals_a_lost_share() {
     let cluster = common::cluster(3);
     let rl = common::builder(&cluster, Duration::from_millis(50)).ttl(TTL).build().unwrap();
 
-    let reader = rl.try_read("doc").await.unwrap();
+    let reader = rl.read("doc").once().await.unwrap();
     let field = reader.field().to_owned();
     let auto = reader.auto_extend();
     let end = Instant::now() + TTL * 3;
     while Instant::now() < end {
-        assert_eq!(rl.try_write("doc").await.unwrap_err().kind(), ErrorKind::NotAcquired);
+        assert_eq!(rl.write("doc").once().await.unwrap_err().kind(), ErrorKind::NotAcquired);
         tokio::time::sleep(TTL / 5).await;
     }
     assert!(!auto.lease().is_lost() && auto.validity() > Duration::ZERO);
@@ -369,10 +369,10 @@ async fn auto_extension_keeps_shares_and_writers_and_signals_a_lost_share() {
     assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
     assert!(auto.release().await.is_err());
 
-    let auto = rl.try_write("doc").await.unwrap().auto_extend();
+    let auto = rl.write("doc").once().await.unwrap().auto_extend();
     let end = Instant::now() + TTL * 3;
     while Instant::now() < end {
-        assert_eq!(rl.try_read("doc").await.unwrap_err().kind(), ErrorKind::NotAcquired);
+        assert_eq!(rl.read("doc").once().await.unwrap_err().kind(), ErrorKind::NotAcquired);
         tokio::time::sleep(TTL / 5).await;
     }
     auto.release().await.unwrap();
@@ -384,22 +384,22 @@ async fn other_lock_kinds_on_the_key_are_wrong_type_and_drop_releases() {
     let cluster = common::cluster(3);
     let rl = common::client(&cluster);
     let plain = rl.try_lock("res").await.unwrap();
-    let err = rl.try_read("res").await.unwrap_err();
+    let err = rl.read("res").once().await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::WrongType, "{err}");
-    assert_eq!(rl.try_write("res").await.unwrap_err().kind(), ErrorKind::WrongType);
+    assert_eq!(rl.write("res").once().await.unwrap_err().kind(), ErrorKind::WrongType);
     plain.release().await.unwrap();
 
-    let reentrant = rl.try_lock_reentrant("re", "owner").await.unwrap();
-    let err = rl.try_write("re").await.unwrap_err();
+    let reentrant = rl.reentrant("re", "owner").once().await.unwrap();
+    let err = rl.write("re").once().await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::WrongType, "a hash with foreign fields: {err}");
     reentrant.release().await.unwrap();
 
-    let share = rl.try_read("rw").await.unwrap();
+    let share = rl.read("rw").once().await.unwrap();
     assert_eq!(rl.try_lock("rw").await.unwrap_err().kind(), ErrorKind::WrongType);
     drop(share);
     assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("rw") == 0).await);
-    let writer = rl.try_write("rw").await.unwrap();
+    let writer = rl.write("rw").once().await.unwrap();
     drop(writer);
     assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("rw") == 0).await);
-    assert_eq!(rl.try_read("").await.unwrap_err().kind(), ErrorKind::Config);
+    assert_eq!(rl.read("").once().await.unwrap_err().kind(), ErrorKind::Config);
 }

@@ -64,7 +64,7 @@ async fn a_lock_left_to_expire_is_found_by_polling() {
     let cluster = common::cluster(3);
     let holder = common::client(&cluster);
     let waiter = patient(&cluster, Duration::from_millis(50), Duration::from_secs(5));
-    let lock = holder.try_lock_for("expiring", Duration::from_millis(300)).await.unwrap();
+    let lock = holder.try_lock("expiring").ttl(Duration::from_millis(300)).await.unwrap();
     let started = Instant::now();
     let token = lock.token().to_owned();
     std::mem::forget(lock); // a crashed holder: no release, no notification

@@ -4,13 +4,12 @@
 -- intent's lifetime in milliseconds.
 -- Returns 1 when granted (our intent, fulfilled, is removed), -1 when held by readers or
 -- another writer: then our intent is recorded (or renewed), which blocks new readers.
--- A key of another type (or a hash with foreign fields) raises WRONGTYPE: never touched.
+-- A key of another type raises WRONGTYPE: never touched.
 
 local intent = ARGV[3]
-if has('r:') or has('w:', ARGV[1]) then
+if conflicting(ARGV[1]) then
   if intent ~= '' then
-    live[intent] = now + tonumber(ARGV[4])
-    redis.call('HSET', key, intent, string.format('%.0f', live[intent]))
+    hold(intent, ARGV[4])
     settle()
   end
   return -1
@@ -19,10 +18,6 @@ if intent ~= '' and live[intent] ~= nil then
   live[intent] = nil
   redis.call('HDEL', key, intent)
 end
-local expiry = now + tonumber(ARGV[2])
-if live[ARGV[1]] == nil or live[ARGV[1]] < expiry then
-  live[ARGV[1]] = expiry
-  redis.call('HSET', key, ARGV[1], string.format('%.0f', expiry))
-end
+hold(ARGV[1], ARGV[2])
 settle()
 return 1

@@ -1,0 +1,156 @@
+//! The validated configuration that every lock of one client shares, and the one place
+//! where a `Duration` becomes the milliseconds Redis takes.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+use crate::quorum;
+use crate::retry::Retry;
+
+/// Where fencing counters live: no lock key may start with it, so that no resource name can
+/// produce a counter's key (see [`Config::key`]).
+pub(crate) const FENCE_NAMESPACE: &str = "redlock:fence:";
+
+/// The configuration, validated by the builder.
+#[derive(Debug)]
+pub(crate) struct Config {
+    pub(crate) ttl: Ttl,
+    pub(crate) node_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) drift_factor: f64,
+    pub(crate) retry: Retry,
+    pub(crate) key_prefix: String,
+    pub(crate) restart_quarantine: Duration,
+}
+
+impl Config {
+    /// The lease to use: `requested`, validated, or the default.
+    pub(crate) fn ttl(&self, requested: Option<Duration>) -> Result<Ttl> {
+        match requested {
+            Some(ttl) => Ttl::new(ttl, self.drift_factor),
+            None => Ok(self.ttl),
+        }
+    }
+
+    /// The Redis key of `resource`: the prefix, then the name. Empty names and names that
+    /// fall into the fencing counters' namespace are configuration errors.
+    pub(crate) fn key(&self, resource: &str) -> Result<Arc<str>> {
+        if resource.is_empty() {
+            return Err(Error::config("the resource name is empty"));
+        }
+        let key: Arc<str> = if self.key_prefix.is_empty() {
+            resource.into()
+        } else {
+            format!("{}{resource}", self.key_prefix).into()
+        };
+        if key.starts_with(FENCE_NAMESPACE) {
+            return Err(Error::config(format!(
+                "the key `{key}` is in the namespace reserved for fencing counters (`{FENCE_NAMESPACE}`)"
+            )));
+        }
+        Ok(key)
+    }
+}
+
+/// A validated lease: whole milliseconds, at least one, longer than its drift allowance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Ttl {
+    ms: u64,
+    drift: Duration,
+}
+
+impl Ttl {
+    /// Validates `ttl` against the drift allowance of `drift_factor`.
+    pub(crate) fn new(ttl: Duration, drift_factor: f64) -> Result<Self> {
+        if !(0.0..1.0).contains(&drift_factor) {
+            return Err(Error::config(format!(
+                "drift_factor must be in [0, 1), got {drift_factor}"
+            )));
+        }
+        let ms = quorum::ttl_millis(ttl).ok_or_else(|| {
+            Error::config(format!(
+                "ttl must be between 1 ms and {}, got {ttl:?}",
+                humantime::format_duration(quorum::MAX_TTL)
+            ))
+        })?;
+        let lease = Duration::from_millis(ms);
+        let drift = quorum::drift(lease, drift_factor);
+        if lease <= drift {
+            return Err(Error::config(format!(
+                "ttl {lease:?} leaves no validity after the drift allowance of {drift:?}"
+            )));
+        }
+        Ok(Self { ms, drift })
+    }
+
+    /// Milliseconds, as sent to Redis.
+    pub(crate) fn ms(self) -> u64 {
+        self.ms
+    }
+
+    /// The lease as a duration (whole milliseconds).
+    pub(crate) fn duration(self) -> Duration {
+        Duration::from_millis(self.ms)
+    }
+
+    /// The validity deadline of a lease whose round started at `started_at`: every node
+    /// that granted it keeps it at least until then, drift allowed for.
+    pub(crate) fn deadline(self, started_at: Instant) -> Instant {
+        started_at + (self.duration() - self.drift)
+    }
+
+    /// The validity a round that started at `started_at` and was decided at `decided_at`
+    /// leaves, or `None` when nothing remains.
+    pub(crate) fn validity(self, started_at: Instant, decided_at: Instant) -> Option<Duration> {
+        quorum::validity(
+            self.duration(),
+            decided_at.saturating_duration_since(started_at),
+            self.drift,
+        )
+    }
+
+    /// The drift allowance of this lease.
+    pub(crate) fn drift(self) -> Duration {
+        self.drift
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(prefix: &str) -> Config {
+        Config {
+            ttl: Ttl::new(Duration::from_secs(10), 0.01).unwrap(),
+            node_timeout: Duration::from_millis(50),
+            connect_timeout: Duration::from_secs(1),
+            drift_factor: 0.01,
+            retry: Retry::default(),
+            key_prefix: prefix.to_owned(),
+            restart_quarantine: Duration::ZERO,
+        }
+    }
+
+    #[test]
+    fn the_deadline_is_the_validity_from_the_rounds_start() {
+        let ttl = Ttl::new(Duration::from_millis(1000), 0.01).unwrap();
+        let start = Instant::now();
+        let decided = start + Duration::from_millis(100);
+        assert_eq!(ttl.drift(), Duration::from_millis(12));
+        assert_eq!(ttl.validity(start, decided), Some(Duration::from_millis(888)));
+        assert_eq!(decided + Duration::from_millis(888), ttl.deadline(start));
+        assert_eq!(ttl.validity(start, start + Duration::from_millis(988)), None);
+    }
+
+    #[test]
+    fn no_resource_name_reaches_the_fencing_namespace() {
+        let plain = config("");
+        assert_eq!(&*plain.key("orders:1").unwrap(), "orders:1");
+        assert!(plain.key("redlock:fence:orders:1").is_err());
+        assert!(plain.key("").is_err());
+        let prefixed = config("app:");
+        assert_eq!(&*prefixed.key("redlock:fence:x").unwrap(), "app:redlock:fence:x");
+        assert!(config("redlock:fence:").key("x").is_err());
+    }
+}

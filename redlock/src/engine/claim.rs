@@ -1,0 +1,405 @@
+//! A lock of any kind that may be set on some nodes: an attempt in progress, then the lock
+//! it becomes. One acquisition round over every node, decided at the quorum, validity from
+//! the round's own start; clean-up of a failed attempt; extension; release everywhere; and
+//! release in the background when dropped.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tracing::Instrument;
+
+use crate::command::Command;
+use crate::config::Ttl;
+use crate::error::{Error, ErrorKind, NodeOutcome, Result};
+use crate::quorum::{self, Settled};
+
+use super::Core;
+use super::fencing;
+use super::protocol::{Op, Protocol};
+use super::request::Request;
+use super::round::{self, Place, Round};
+use super::slot::Slot;
+use super::undo::Tracked;
+
+/// A hold of any kind on the nodes, released in the background if dropped while armed
+/// (never blocking in `Drop`).
+pub(crate) struct Claim<P: Protocol> {
+    core: Arc<Core>,
+    proto: Arc<P>,
+    /// What errors and logs name: the resource, or the resources joined by `", "`.
+    resource: Arc<str>,
+    /// Per node, this claim's latest request there, which every later request of the
+    /// claim on that node waits for: an undo never overtakes what it undoes.
+    tails: Box<[Option<Arc<Slot>>]>,
+    ttl: Ttl,
+    deadline: Instant,
+    fence: Option<u64>,
+    armed: bool,
+}
+
+impl<P: Protocol> Claim<P> {
+    /// One acquisition attempt: `proto`'s acquisition on every node at once, decided at the
+    /// quorum; with `fenced`, a fencing token fixed on a quorum before the lock is handed
+    /// out. A failed attempt takes back whatever it may have set.
+    pub(crate) async fn acquire(
+        core: &Arc<Core>,
+        proto: P,
+        ttl: Ttl,
+        resource: Arc<str>,
+        fenced: bool,
+    ) -> Result<Self> {
+        let span = tracing::debug_span!(
+            target: "redlock",
+            "lock_attempt",
+            kind = proto.kind(),
+            resource = &*resource,
+            ttl_ms = ttl.ms(),
+            outcome = tracing::field::Empty,
+            elapsed = tracing::field::Empty,
+            nodes = tracing::field::Empty,
+        );
+        let attempt = Self::acquire_round(core, proto, ttl, resource, fenced);
+        let result = attempt.instrument(span.clone()).await;
+        if !span.is_disabled() {
+            let (outcome, round) = match &result {
+                Ok((_, round)) => ("granted", round),
+                Err((err, round)) => (err.kind().as_str(), round),
+            };
+            span.record("outcome", outcome);
+            span.record("elapsed", tracing::field::debug(round.elapsed()));
+            span.record("nodes", tracing::field::display(round.summary()));
+            tracing::debug!(target: "redlock", parent: &span, "attempt decided");
+        }
+        result.map(|(claim, _)| claim).map_err(|(err, _)| err)
+    }
+
+    async fn acquire_round(
+        core: &Arc<Core>,
+        proto: P,
+        ttl: Ttl,
+        resource: Arc<str>,
+        fenced: bool,
+    ) -> Result<(Self, Round), (Error, Round)> {
+        let started_at = Instant::now();
+        if core.tasks.is_closing() {
+            let report = Round::none(core.nodes.len(), started_at);
+            let message = "the client takes no new locks";
+            let err =
+                Error::round(ErrorKind::Shutdown, message, &resource, report.report(&core.nodes));
+            return Err((err, report));
+        }
+        let proto = Arc::new(proto);
+        let command = Arc::new(proto.command(Op::Acquire, ttl));
+        let n = core.nodes.len();
+        // Armed from here: if this future is dropped mid-round, Drop releases whatever the
+        // round may have set, each release queued behind its node's acquisition.
+        let mut claim = Self {
+            core: core.clone(),
+            proto: proto.clone(),
+            resource,
+            tails: vec![None; n].into(),
+            ttl,
+            deadline: ttl.deadline(started_at),
+            fence: None,
+            armed: true,
+        };
+        let requests: Vec<_> = (0..n)
+            .map(|i| {
+                // This client's own undos of the key still in flight there go first: its
+                // abandoned attempt must not refuse it.
+                let after = core.undos.pending(i, proto.keys());
+                claim.request(i, Op::Acquire, &command, after)
+            })
+            .collect();
+        // Unanswered requests go on in the background: a lock held on more nodes than the
+        // bare quorum survives more failures. Releases on their nodes wait for them.
+        let (round, rest) = round::run(requests, started_at, quorum::settle_acquire).await;
+        round::finish(&core.tasks, rest);
+        let err = match round.settled {
+            Settled::Reached if round.decided_at < claim.deadline => {
+                if !fenced {
+                    return Ok((claim, round));
+                }
+                match fencing::fix_token(core, &proto.keys()[0], &claim.resource, claim.deadline)
+                    .await
+                {
+                    Ok(token) => {
+                        claim.fence = Some(token);
+                        return Ok((claim, round));
+                    }
+                    Err(err) => err,
+                }
+            }
+            Settled::Reached => Error::round(
+                ErrorKind::Expired,
+                format!(
+                    "a quorum took {:?}, which with the drift allowance of {:?} leaves nothing of a {:?} lease",
+                    round.elapsed(),
+                    ttl.drift(),
+                    ttl.duration()
+                ),
+                &claim.resource,
+                round.report(&core.nodes),
+            ),
+            Settled::Failed(kind) => {
+                Error::round(kind, String::new(), &claim.resource, round.report(&core.nodes))
+            }
+        };
+        claim.clean_up(&round).await;
+        Err((err, round))
+    }
+
+    /// A request of this claim on node `i`, queued behind the claim's previous one there
+    /// (and behind `after`), which becomes the node's latest.
+    fn request(
+        &mut self,
+        i: usize,
+        op: Op,
+        command: &Arc<Command>,
+        mut after: Vec<Arc<Slot>>,
+    ) -> impl Future<Output = (usize, NodeOutcome)> + Send + 'static + use<P> {
+        let slot = Slot::new();
+        if let Some(previous) = self.tails[i].replace(slot.clone()) {
+            after.push(previous);
+        }
+        let proto = self.proto.clone();
+        let request = Request { node: i, op, command: command.clone(), after, slot };
+        request.send(&self.core, move |reply| proto.answer(op, reply))
+    }
+
+    /// Takes back a failed attempt: awaited on the nodes that granted (they answered a
+    /// moment ago), in the background on the nodes whose answer is unknown, not at all
+    /// where the node answered about someone else's lock (ours is not there).
+    async fn clean_up(mut self, round: &Round) {
+        let command = Arc::new(self.proto.command(Op::CleanUp, self.ttl));
+        let mut requests = Vec::new();
+        let mut outcomes = Vec::with_capacity(round.outcomes.len());
+        let mut slots = Vec::new();
+        for (i, outcome) in round.outcomes.iter().enumerate() {
+            match outcome {
+                NodeOutcome::Held | NodeOutcome::WrongType => outcomes.push(NodeOutcome::Absent),
+                _ => {
+                    requests.push(self.request(i, Op::CleanUp, &command, Vec::new()));
+                    slots.push((i, self.tails[i].clone()));
+                    outcomes.push(NodeOutcome::Pending);
+                }
+            }
+        }
+        let granted: Vec<usize> = (round.outcomes.iter().enumerate())
+            .filter(|(_, o)| matches!(o, NodeOutcome::Ok | NodeOutcome::Quarantined))
+            .map(|(i, _)| i)
+            .collect();
+        // Registered before anything is awaited: a new attempt of this client on the key
+        // waits for them.
+        let tracked = self.track(slots);
+        let answered = |_: &quorum::Tally, outcomes: &[NodeOutcome]| {
+            let done = granted.iter().all(|&i| outcomes[i] != NodeOutcome::Pending);
+            done.then_some(Settled::Reached)
+        };
+        let (_, rest) = round::run_until(requests, outcomes, Instant::now(), answered).await;
+        self.finish_undos(Place::Caller, rest, tracked, "clean-up");
+        self.armed = false;
+    }
+
+    /// Renews the lease to `ttl` from now on every node that still holds this claim, decided
+    /// at the quorum; a failed extension deletes nothing and keeps the old validity.
+    pub(crate) async fn extend(&mut self, ttl: Duration) -> Result<()> {
+        let ttl = self.core.config.ttl(Some(ttl))?;
+        if !self.is_valid() {
+            return Err(self.local_error(ErrorKind::NotHeld, "validity is over: not extending"));
+        }
+        let started_at = Instant::now();
+        let command = Arc::new(self.proto.command(Op::Extend, ttl));
+        let n = self.core.nodes.len();
+        let requests: Vec<_> =
+            (0..n).map(|i| self.request(i, Op::Extend, &command, Vec::new())).collect();
+        let (round, rest) = round::run(requests, started_at, quorum::settle_hold).await;
+        // Unanswered extensions heal nodes that answer late, always ahead of a later
+        // release (which waits for them).
+        round::finish(&self.core.tasks, rest);
+        if round.decided_at >= self.deadline {
+            // The lease ran out while we asked: another client may already hold the lock.
+            return Err(self.round_error(
+                ErrorKind::NotHeld,
+                "validity ran out during the extension",
+                &round,
+            ));
+        }
+        match round.settled {
+            Settled::Reached => match ttl.validity(started_at, round.decided_at) {
+                Some(_) => {
+                    self.deadline = ttl.deadline(started_at);
+                    self.ttl = ttl;
+                    Ok(())
+                }
+                None => Err(self.round_error(
+                    ErrorKind::Expired,
+                    "the extension took the whole new lease",
+                    &round,
+                )),
+            },
+            Settled::Failed(kind) => Err(self.lost_error(kind, "extend", &round)),
+        }
+    }
+
+    /// Releases on every node, returning at the quorum; the other nodes finish in the
+    /// background. `Ok` means the lock was held until this call.
+    pub(crate) async fn release(mut self) -> Result<()> {
+        let was_valid = self.is_valid();
+        let (round, rest, tracked) = self.undo_round(Op::Release).await;
+        self.finish_undos(Place::Caller, rest, tracked, "release");
+        // Only now: if this future is dropped mid-round, Drop releases again (every
+        // release is safe to repeat).
+        self.armed = false;
+        match round.settled {
+            Settled::Reached if was_valid => Ok(()),
+            Settled::Reached => Err(self.round_error(
+                ErrorKind::NotHeld,
+                "the validity had run out before the release",
+                &round,
+            )),
+            Settled::Failed(kind) => Err(self.lost_error(kind, "release", &round)),
+        }
+    }
+
+    /// Asks the nodes whether a quorum still has this hold: `Ok(true)` if so, `Ok(false)`
+    /// if too many no longer do, [`ErrorKind::Unavailable`] if too few answered.
+    pub(crate) async fn is_held(&self) -> Result<bool> {
+        let command = Arc::new(self.proto.command(Op::Check, self.ttl));
+        let n = self.core.nodes.len();
+        let requests: Vec<_> = (0..n)
+            .map(|i| {
+                let proto = self.proto.clone();
+                let request = Request {
+                    node: i,
+                    op: Op::Check,
+                    command: command.clone(),
+                    after: Vec::new(),
+                    slot: Slot::new(),
+                };
+                request.send(&self.core, move |reply| proto.answer(Op::Check, reply))
+            })
+            .collect();
+        let (round, rest) = round::run(requests, Instant::now(), quorum::settle_hold).await;
+        round::finish(&self.core.tasks, rest);
+        match round.settled {
+            Settled::Reached => Ok(true),
+            Settled::Failed(ErrorKind::NotHeld) => Ok(false),
+            Settled::Failed(kind) => Err(self.lost_error(kind, "check", &round)),
+        }
+    }
+
+    /// One undo round over every node, each request queued behind this claim's latest
+    /// there, decided at the quorum.
+    async fn undo_round(
+        &mut self,
+        op: Op,
+    ) -> (
+        Round,
+        round::Rest<impl Future<Output = (usize, NodeOutcome)> + Send + 'static + use<P>>,
+        Vec<Tracked>,
+    ) {
+        let command = Arc::new(self.proto.command(op, self.ttl));
+        let n = self.core.nodes.len();
+        let requests: Vec<_> = (0..n).map(|i| self.request(i, op, &command, Vec::new())).collect();
+        let slots = (0..n).map(|i| (i, self.tails[i].clone())).collect();
+        let tracked = self.track(slots);
+        let (round, rest) = round::run(requests, Instant::now(), quorum::settle_hold).await;
+        (round, rest, tracked)
+    }
+
+    /// Registers undos in flight, so that this client's next acquisition of the keys on
+    /// those nodes waits for them.
+    fn track(&self, slots: Vec<(usize, Option<Arc<Slot>>)>) -> Vec<Tracked> {
+        slots
+            .into_iter()
+            .filter_map(|(i, slot)| Some(self.core.undos.track(i, self.proto.keys(), &slot?)))
+            .collect()
+    }
+
+    fn finish_undos<F>(
+        &self,
+        place: Place,
+        rest: round::Rest<F>,
+        tracked: Vec<Tracked>,
+        what: &'static str,
+    ) where
+        F: Future<Output = (usize, NodeOutcome)> + Send + 'static,
+    {
+        let core = &self.core;
+        let (tasks, undos, nodes) = (&core.tasks, &core.undos, &core.nodes);
+        round::finish_undos(tasks, place, rest, tracked, undos, nodes, what, &self.resource);
+    }
+
+    /// The release of a claim dropped while armed: on the client's own thread, so that it
+    /// neither blocks nor depends on the runtime (if any) that dropped it.
+    fn release_detached(&mut self) {
+        let command = Arc::new(self.proto.command(Op::Release, self.ttl));
+        let n = self.core.nodes.len();
+        let requests: Vec<_> =
+            (0..n).map(|i| self.request(i, Op::Release, &command, Vec::new())).collect();
+        let slots = (0..n).map(|i| (i, self.tails[i].clone())).collect();
+        let tracked = self.track(slots);
+        self.finish_undos(Place::Own, requests.into_iter().collect(), tracked, "release");
+    }
+
+    pub(crate) fn proto(&self) -> &P {
+        &self.proto
+    }
+
+    pub(crate) fn core(&self) -> &Arc<Core> {
+        &self.core
+    }
+
+    pub(crate) fn resource(&self) -> &str {
+        &self.resource
+    }
+
+    pub(crate) fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    pub(crate) fn validity(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+
+    pub(crate) fn is_valid(&self) -> bool {
+        Instant::now() < self.deadline
+    }
+
+    /// The lease of the last grant or extension, as sent to Redis.
+    pub(crate) fn ttl(&self) -> Duration {
+        self.ttl.duration()
+    }
+
+    pub(crate) fn fence(&self) -> Option<u64> {
+        self.fence
+    }
+
+    fn local_error(&self, kind: ErrorKind, message: &str) -> Error {
+        Error::local(kind, message, &self.resource)
+    }
+
+    fn round_error(&self, kind: ErrorKind, message: &str, round: &Round) -> Error {
+        Error::round(kind, message, &self.resource, round.report(&self.core.nodes))
+    }
+
+    /// The error of a release, extend or check round that missed the quorum.
+    fn lost_error(&self, kind: ErrorKind, what: &str, round: &Round) -> Error {
+        let message = match kind {
+            ErrorKind::NotHeld => {
+                format!("{} {what}: the hold is gone from too many nodes", self.proto.kind())
+            }
+            _ => format!("{} {what} reached too few nodes", self.proto.kind()),
+        };
+        Error::round(kind, message, &self.resource, round.report(&self.core.nodes))
+    }
+}
+
+impl<P: Protocol> Drop for Claim<P> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.release_detached();
+        }
+    }
+}

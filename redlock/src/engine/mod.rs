@@ -1,0 +1,190 @@
+//! The engine every lock kind runs on: one round over the nodes per operation, the quorum
+//! and validity accounting, clean-up of failed attempts, release everywhere, extension,
+//! fencing after the grant, waiting woken by notifications, and the ordering rules that
+//! keep an undo behind what it undoes.
+//!
+//! A kind only says what to send to one node and what the reply means ([`Protocol`]).
+//! Nothing in here knows the client or the builder.
+
+pub(crate) mod claim;
+mod fencing;
+mod notify;
+pub(crate) mod protocol;
+mod request;
+mod round;
+mod slot;
+mod undo;
+mod wait;
+
+use std::sync::Arc;
+
+pub(crate) use claim::Claim;
+pub(crate) use notify::channel;
+pub(crate) use protocol::{Answer, Op, Protocol};
+
+use crate::command::Command;
+use crate::config::{Config, Ttl};
+use crate::error::{ErrorKind, NodeOutcome, Result};
+use crate::node::Node;
+use crate::retry::Retry;
+use crate::tasks::Tasks;
+
+use notify::Releases;
+use undo::Undos;
+
+/// What every lock of one client shares.
+pub(crate) struct Core {
+    pub(crate) nodes: Box<[Arc<Node>]>,
+    pub(crate) config: Config,
+    pub(crate) tasks: Arc<Tasks>,
+    releases: Releases,
+    undos: Arc<Undos>,
+}
+
+impl std::fmt::Debug for Core {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Core").field("nodes", &self.nodes).field("config", &self.config).finish()
+    }
+}
+
+impl Core {
+    pub(crate) fn new(nodes: Vec<Arc<Node>>, config: Config, tasks: Arc<Tasks>) -> Self {
+        let releases = Releases::new(&nodes);
+        let undos = Undos::new(nodes.len());
+        Self { nodes: nodes.into(), config, tasks, releases, undos }
+    }
+}
+
+impl Core {
+    /// Takes no new locks, has every auto-extended lock released, stops the notification
+    /// subscribers, and waits until `deadline` for the background work (releases above
+    /// all); fails naming the nodes where a release was still in flight or failed.
+    pub(crate) async fn shutdown(&self, deadline: std::time::Instant) -> Result<()> {
+        let started = std::time::Instant::now();
+        let failed_before = self.undos.failures();
+        self.tasks.close();
+        self.releases.stop();
+        self.tasks.idle_by(deadline).await;
+        let failed_after = self.undos.failures();
+        let in_flight = self.undos.in_flight();
+        let outcomes: Vec<NodeOutcome> = (0..self.nodes.len())
+            .map(|i| {
+                if in_flight[i] {
+                    NodeOutcome::TimedOut
+                } else if failed_after[i] > failed_before[i] {
+                    NodeOutcome::Failed("a background release failed".into())
+                } else {
+                    NodeOutcome::Ok
+                }
+            })
+            .collect();
+        if outcomes.iter().all(|o| *o == NodeOutcome::Ok) {
+            return Ok(());
+        }
+        let unclean: Vec<&str> = (self.nodes.iter().zip(&outcomes))
+            .filter(|(_, outcome)| **outcome != NodeOutcome::Ok)
+            .map(|(node, _)| &**node.name())
+            .collect();
+        let message = format!(
+            "releases not confirmed on {}: their keys stay until their lease ends",
+            unclean.join(", ")
+        );
+        let round = round::Round {
+            outcomes,
+            settled: crate::quorum::Settled::Failed(ErrorKind::Shutdown),
+            started_at: started,
+            decided_at: std::time::Instant::now(),
+        };
+        Err(crate::error::Error::client(ErrorKind::Shutdown, message, round.report(&self.nodes)))
+    }
+}
+
+/// How to acquire: the lease, whether to wait, whether to fence.
+#[derive(Clone, Debug)]
+pub(crate) struct Plan {
+    pub(crate) ttl: Ttl,
+    /// `None`: a single attempt.
+    pub(crate) retry: Option<Retry>,
+    pub(crate) fenced: bool,
+}
+
+/// Acquires per `plan`, with a fresh protocol value (a fresh token) from `attempt` for each
+/// attempt; `resource` names the lock in errors and logs. `withdrawal`, if any, goes to
+/// every node when a wait ends without the lock (given up, failed or cancelled), after
+/// everything the attempts left in flight there.
+pub(crate) async fn obtain<P, F>(
+    core: &Arc<Core>,
+    plan: &Plan,
+    resource: Arc<str>,
+    mut attempt: F,
+    withdrawal: Option<Command>,
+) -> Result<Claim<P>>
+where
+    P: Protocol,
+    F: FnMut() -> P,
+{
+    let (ttl, fenced) = (plan.ttl, plan.fenced);
+    let first = attempt();
+    let Some(retry) = &plan.retry else {
+        return Claim::acquire(core, first, ttl, resource, fenced).await;
+    };
+    let keys: Vec<Arc<str>> = first.keys().to_vec();
+    let mut give_up = GiveUp { core, keys, resource: resource.clone(), withdrawal };
+    let mut next = Some(first);
+    // Woken by the releases of the first key (a multi-resource lock's other keys are
+    // found by the timer).
+    let key = give_up.keys[0].clone();
+    let claim = wait::until_acquired(core, retry, &key, || {
+        let proto = next.take().unwrap_or_else(&mut attempt);
+        Claim::acquire(core, proto, ttl, resource.clone(), fenced)
+    })
+    .await?;
+    give_up.withdrawal = None;
+    Ok(claim)
+}
+
+/// Sends a wait's withdrawal when the wait ends without the lock, however it ends.
+struct GiveUp<'a> {
+    core: &'a Arc<Core>,
+    keys: Vec<Arc<str>>,
+    resource: Arc<str>,
+    withdrawal: Option<Command>,
+}
+
+impl Drop for GiveUp<'_> {
+    fn drop(&mut self) {
+        let Some(command) = self.withdrawal.take() else { return };
+        let command = Arc::new(command);
+        let core = self.core;
+        let mut tracked = Vec::new();
+        let requests: futures::stream::FuturesUnordered<_> = (0..core.nodes.len())
+            .map(|i| {
+                // After this client's undos there: a failed attempt's clean-up waits for its
+                // acquisition, which may record the very intent this withdraws.
+                let after = core.undos.pending(i, &self.keys);
+                let slot = slot::Slot::new();
+                tracked.push(core.undos.track(i, &self.keys, &slot));
+                let request = request::Request {
+                    node: i,
+                    op: Op::Release,
+                    command: command.clone(),
+                    after,
+                    slot,
+                };
+                request.send(core, protocol::script_answer)
+            })
+            .collect();
+        let (tasks, undos, nodes) = (&core.tasks, &core.undos, &core.nodes);
+        let place = round::Place::Own;
+        round::finish_undos(
+            tasks,
+            place,
+            requests,
+            tracked,
+            undos,
+            nodes,
+            "withdrawal",
+            &self.resource,
+        );
+    }
+}

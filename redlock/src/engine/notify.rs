@@ -1,0 +1,329 @@
+//! Waking waiters when a lock is released, instead of making them poll.
+//!
+//! Every release publishes on the key's release channel on each node where it removed the
+//! last hold (see `lua/release.lua`). A client keeps at most one pub/sub connection per
+//! node, on its own thread (so that it survives whichever runtime a waiter ran on), opened
+//! when the first waiter appears and shared by all of them; a channel is subscribed while
+//! at least one waiter watches it.
+//!
+//! A release counts once a quorum of nodes published it (the quorum-th highest
+//! per-node count of publications went up): before that, an attempt could not win. Of
+//! this client's waiters on the key, only the first in line is woken: several woken
+//! at once would split the nodes' votes. Notifications can be lost (a node down, a
+//! connection being re-opened, an expiry instead of a release), so waiters always keep a
+//! polling fallback.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use futures::StreamExt;
+use redis::Client;
+use tokio::sync::{Notify, mpsc};
+
+use crate::node::Node;
+use crate::quorum;
+use crate::tasks::Tasks;
+
+/// The channel a release of `key` is published on.
+pub(crate) fn channel(key: &str) -> Arc<str> {
+    format!("redlock:released:{key}").into()
+}
+
+/// The shortest and longest pause before a subscriber reconnects.
+const BACKOFF: (Duration, Duration) = (Duration::from_millis(50), Duration::from_secs(2));
+
+/// The release notifications of one client.
+pub(crate) struct Releases {
+    nodes: Vec<(Client, Duration)>,
+    registry: Arc<Mutex<Registry>>,
+    /// One command queue per node's subscriber task, started with the first waiter. The
+    /// tasks end when these senders are dropped: with the client, or at its shutdown.
+    subscribers: Mutex<Subscribers>,
+}
+
+#[derive(Default)]
+enum Subscribers {
+    #[default]
+    NotStarted,
+    Running(Vec<mpsc::UnboundedSender<Subscription>>),
+    Stopped,
+}
+
+struct Registry {
+    quorum: usize,
+    channels: HashMap<Arc<str>, Channel>,
+}
+
+/// One watched channel: publications per node, releases seen, and this client's waiters.
+struct Channel {
+    counts: Vec<u64>,
+    releases: u64,
+    waiters: VecDeque<Arc<Waiter>>,
+}
+
+#[derive(Default)]
+struct Waiter {
+    woken: AtomicBool,
+    notify: Notify,
+}
+
+impl Waiter {
+    fn wake(&self) {
+        self.woken.store(true, Ordering::Release);
+        self.notify.notify_one();
+    }
+}
+
+#[derive(Debug)]
+enum Subscription {
+    Subscribe(Arc<str>),
+    Unsubscribe(Arc<str>),
+}
+
+impl Channel {
+    /// Counts a publication from node `node`; `true` when it completes a release on a quorum.
+    fn published(&mut self, node: usize, quorum: usize) -> bool {
+        if let Some(count) = self.counts.get_mut(node) {
+            *count = count.wrapping_add(1);
+        }
+        let mut counts = self.counts.clone();
+        counts.sort_unstable_by(|a, b| b.cmp(a));
+        let released = counts.get(quorum.saturating_sub(1)).copied().unwrap_or(0);
+        if released > self.releases {
+            self.releases = released;
+            return true;
+        }
+        false
+    }
+}
+
+impl Releases {
+    pub(crate) fn new(nodes: &[Arc<Node>]) -> Self {
+        Self {
+            nodes: nodes
+                .iter()
+                .map(|node| (node.client().clone(), node.connect_timeout()))
+                .collect(),
+            registry: Arc::new(Mutex::new(Registry {
+                quorum: quorum::quorum(nodes.len()),
+                channels: HashMap::new(),
+            })),
+            subscribers: Mutex::default(),
+        }
+    }
+
+    /// Stops the subscribers for good (a shutdown): waiters fall back to polling.
+    pub(crate) fn stop(&self) {
+        *self.subscribers.lock().unwrap_or_else(PoisonError::into_inner) = Subscribers::Stopped;
+    }
+
+    /// Starts watching the releases of `key`; the subscribers start on the client's own
+    /// thread with the first watch.
+    pub(crate) fn watch(&self, key: &str, tasks: &Tasks) -> ReleaseWatch {
+        let subscribers = {
+            let mut subscribers = self.subscribers.lock().unwrap_or_else(PoisonError::into_inner);
+            if matches!(*subscribers, Subscribers::NotStarted) {
+                *subscribers = Subscribers::Running(self.start(tasks));
+            }
+            match &*subscribers {
+                Subscribers::Running(senders) => senders.clone(),
+                // Shut down: no notifications, waiters poll.
+                _ => Vec::new(),
+            }
+        };
+        let subscribers = &subscribers;
+        let channel = channel(key);
+        let waiter = Arc::new(Waiter::default());
+        let mut registry = lock(&self.registry);
+        let nodes = self.nodes.len();
+        let watched = registry.channels.entry(channel.clone()).or_insert_with(|| {
+            // Sent under the registry lock, so that the subscriber tasks see subscribe and
+            // unsubscribe commands in the order the registry changed.
+            send_all(subscribers, || Subscription::Subscribe(channel.clone()));
+            Channel { counts: vec![0; nodes], releases: 0, waiters: VecDeque::new() }
+        });
+        watched.waiters.push_back(waiter.clone());
+        ReleaseWatch {
+            channel,
+            waiter,
+            registry: self.registry.clone(),
+            subscribers: subscribers.clone(),
+        }
+    }
+}
+
+impl Releases {
+    fn start(&self, tasks: &Tasks) -> Vec<mpsc::UnboundedSender<Subscription>> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .map(|(i, (client, timeout))| {
+                let (commands, queue) = mpsc::unbounded_channel();
+                let registry = self.registry.clone();
+                let _ = tasks.spawn_own(subscriber(i, client.clone(), *timeout, registry, queue));
+                commands
+            })
+            .collect()
+    }
+}
+
+/// A waiter's interest in one key's releases; dropping it leaves the line (handing a
+/// wake-up it did not use to the next waiter) and unsubscribes after the last one.
+pub(crate) struct ReleaseWatch {
+    channel: Arc<str>,
+    waiter: Arc<Waiter>,
+    registry: Arc<Mutex<Registry>>,
+    subscribers: Vec<mpsc::UnboundedSender<Subscription>>,
+}
+
+impl ReleaseWatch {
+    /// Completes at the first release (on a quorum) this waiter is woken for since it last
+    /// completed: one that happened during an attempt is not lost.
+    pub(crate) async fn released(&self) {
+        loop {
+            let notified = self.waiter.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.waiter.woken.swap(false, Ordering::AcqRel) {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+impl Drop for ReleaseWatch {
+    fn drop(&mut self) {
+        let mut registry = lock(&self.registry);
+        let Some(watched) = registry.channels.get_mut(&self.channel) else { return };
+        watched.waiters.retain(|waiter| !Arc::ptr_eq(waiter, &self.waiter));
+        if self.waiter.woken.load(Ordering::Acquire)
+            && let Some(next) = watched.waiters.front()
+        {
+            next.wake();
+        }
+        if watched.waiters.is_empty() {
+            registry.channels.remove(&self.channel);
+            send_all(&self.subscribers, || Subscription::Unsubscribe(self.channel.clone()));
+        }
+    }
+}
+
+fn send_all(
+    subscribers: &[mpsc::UnboundedSender<Subscription>],
+    command: impl Fn() -> Subscription,
+) {
+    for subscriber in subscribers {
+        // A closed queue means its task is gone with the client: nothing to tell it.
+        let _ = subscriber.send(command());
+    }
+}
+
+fn lock(registry: &Mutex<Registry>) -> MutexGuard<'_, Registry> {
+    registry.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Keeps node `node`'s pub/sub connection, re-opening it after failures, until the client
+/// is gone.
+async fn subscriber(
+    node: usize,
+    client: Client,
+    timeout: Duration,
+    registry: Arc<Mutex<Registry>>,
+    mut commands: mpsc::UnboundedReceiver<Subscription>,
+) {
+    let mut backoff = BACKOFF.0;
+    loop {
+        match serve(node, &client, timeout, &registry, &mut commands).await {
+            Served::ClientGone => return,
+            // Connected and subscribed before it broke: the node is back, retry soon.
+            Served::Lost { was_up: true } => backoff = BACKOFF.0,
+            Served::Lost { was_up: false } => {}
+        }
+        // While disconnected, queued commands are moot: the registry is re-read on connect.
+        let pause = tokio::time::sleep(backoff);
+        tokio::pin!(pause);
+        loop {
+            tokio::select! {
+                () = &mut pause => break,
+                command = commands.recv() => if command.is_none() { return },
+            }
+        }
+        backoff = (backoff * 2).min(BACKOFF.1);
+    }
+}
+
+enum Served {
+    ClientGone,
+    Lost { was_up: bool },
+}
+
+async fn serve(
+    node: usize,
+    client: &Client,
+    timeout: Duration,
+    registry: &Mutex<Registry>,
+    commands: &mut mpsc::UnboundedReceiver<Subscription>,
+) -> Served {
+    let down = Served::Lost { was_up: false };
+    let Ok(Ok(pubsub)) = tokio::time::timeout(timeout, client.get_async_pubsub()).await else {
+        return down;
+    };
+    let (mut sink, mut stream) = pubsub.split();
+    let watched: Vec<Arc<str>> = lock(registry).channels.keys().cloned().collect();
+    for channel in &watched {
+        if !matches!(tokio::time::timeout(timeout, sink.subscribe(&**channel)).await, Ok(Ok(()))) {
+            return down;
+        }
+    }
+    let lost = Served::Lost { was_up: true };
+    loop {
+        tokio::select! {
+            command = commands.recv() => {
+                let done = match command {
+                    None => return Served::ClientGone,
+                    Some(Subscription::Subscribe(channel)) => {
+                        tokio::time::timeout(timeout, sink.subscribe(&*channel)).await
+                    }
+                    Some(Subscription::Unsubscribe(channel)) => {
+                        tokio::time::timeout(timeout, sink.unsubscribe(&*channel)).await
+                    }
+                };
+                if !matches!(done, Ok(Ok(()))) {
+                    return lost;
+                }
+            }
+            message = stream.next() => {
+                let Some(message) = message else { return lost };
+                let mut registry = lock(registry);
+                let quorum = registry.quorum;
+                if let Some(watched) = registry.channels.get_mut(message.get_channel_name())
+                    && watched.published(node, quorum)
+                    && let Some(first) = watched.waiters.front()
+                {
+                    first.wake();
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_release_counts_once_a_quorum_of_nodes_published_it() {
+        let mut channel = Channel { counts: vec![0; 5], releases: 0, waiters: VecDeque::new() };
+        assert!(!channel.published(0, 3));
+        assert!(!channel.published(3, 3));
+        assert!(channel.published(1, 3), "the third node completes the release");
+        assert!(!channel.published(2, 3), "stragglers of the same release");
+        assert!(!channel.published(4, 3));
+        assert!(!channel.published(0, 3));
+        assert!(!channel.published(1, 3));
+        assert!(channel.published(4, 3), "the next release, on another quorum");
+    }
+}

@@ -1,0 +1,105 @@
+//! What a lock kind tells the engine: what to send to one node for each operation, and
+//! what a reply means. Pure: no I/O, testable without a server.
+
+use std::sync::Arc;
+
+use redis::Value;
+
+use crate::command::Command;
+use crate::config::Ttl;
+use crate::error::NodeOutcome;
+use crate::node::Reply;
+
+/// The operations the engine runs over the nodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Op {
+    /// Take the lock on the node.
+    Acquire,
+    /// Renew our hold's lease where it is still ours.
+    Extend,
+    /// Give the lock up for good: our hold goes, and whatever the attempt left to wait on
+    /// (a writer's intent) goes with it.
+    Release,
+    /// Take back a failed attempt's hold; what outlives the attempt (a writer's intent,
+    /// while it keeps waiting) stays.
+    CleanUp,
+    /// Ask whether the node still has our hold.
+    Check,
+}
+
+/// A node's answer, as the round counts it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Answer {
+    pub(crate) outcome: NodeOutcome,
+    /// The node did it, but refused to publish the release notification (an ACL user
+    /// without the channel): worth a warning, not a failure.
+    pub(crate) notify_refused: bool,
+}
+
+impl From<NodeOutcome> for Answer {
+    fn from(outcome: NodeOutcome) -> Self {
+        Self { outcome, notify_refused: false }
+    }
+}
+
+/// One lock kind's dialogue with one node.
+///
+/// Every command must be safe to run twice (a re-sent request after a dropped connection,
+/// [`crate::command::Resend::Safe`]): each hold has its own token, and every operation
+/// compares it before it changes anything.
+pub(crate) trait Protocol: Send + Sync + 'static {
+    /// What errors and logs call this kind: "lock", "reentrant lock", ...
+    fn kind(&self) -> &'static str;
+
+    /// The keys the lock occupies on a node (one, except for a multi-resource lock).
+    fn keys(&self) -> &[Arc<str>];
+
+    /// The token that identifies this hold on the nodes.
+    fn token(&self) -> &str;
+
+    /// The command for `op`, built once per round; `ttl` is the lease for `Acquire` and
+    /// `Extend`.
+    fn command(&self, op: Op, ttl: Ttl) -> Command;
+
+    /// What `reply` to `op` means.
+    fn answer(&self, op: Op, reply: &Reply) -> Answer;
+}
+
+/// The reading shared by the scripts that answer `1` (done), `2` (done, notification
+/// refused), `0` (our hold is absent) or `-1` (another owner holds the lock).
+pub(crate) fn script_answer(reply: &Reply) -> Answer {
+    match &reply.value {
+        Ok(Value::Int(1)) => NodeOutcome::Ok.into(),
+        Ok(Value::Int(2)) => Answer { outcome: NodeOutcome::Ok, notify_refused: true },
+        Ok(Value::Int(0)) => NodeOutcome::Absent.into(),
+        Ok(Value::Int(-1)) => NodeOutcome::Held.into(),
+        other => failed(other).into(),
+    }
+}
+
+/// The outcome of a reply this library does not expect, or of a failure.
+pub(crate) fn failed(value: &Result<Value, crate::node::Failure>) -> NodeOutcome {
+    match value {
+        Ok(other) => NodeOutcome::Failed(format!("unexpected reply {other:?}").into()),
+        Err(failure) => failure.outcome(),
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    //! Replies for the kinds' unit tests.
+
+    use super::*;
+
+    pub(crate) fn reply(value: Value) -> Reply {
+        Reply { value: Ok(value), resent: false }
+    }
+
+    pub(crate) fn error(code: &str) -> Reply {
+        let failure = crate::node::Failure::Server {
+            code: code.into(),
+            message: format!("{code} test").into(),
+        };
+        Reply { value: Err(failure), resent: false }
+    }
+}

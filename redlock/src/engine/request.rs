@@ -1,0 +1,90 @@
+//! One request to one node, and the ordering rules every request follows:
+//!
+//! - it goes out only after the requests it must follow on that node are over (`after`):
+//!   for an undo, the request it undoes; for an acquisition, this client's undos still in
+//!   flight on the same key;
+//! - its own exchange with the node is bounded by the node timeout; an acquisition's wait
+//!   counts against it too (it is worthless once the round is over), an undo's does not
+//!   (an undo whose clock ran while it waited could time out before it is even queued);
+//! - whatever happens to it (answered, timed out, dropped unsent), its slot settles, so
+//!   that nothing waits for it forever.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use crate::command::Command;
+use crate::error::NodeOutcome;
+use crate::node::Reply;
+
+use super::Core;
+use super::protocol::{Answer, Op};
+use super::slot::{self, SettleOnDrop, Slot};
+
+/// A request to node `node`, ready to be sent.
+pub(crate) struct Request {
+    pub(crate) node: usize,
+    pub(crate) op: Op,
+    pub(crate) command: Arc<Command>,
+    /// What must be over on the node before it goes out.
+    pub(crate) after: Vec<Arc<Slot>>,
+    /// Settled when it is over.
+    pub(crate) slot: Arc<Slot>,
+}
+
+impl Request {
+    /// The request as a future answering `(node, outcome)`; `read` says what the reply
+    /// means.
+    pub(crate) fn send<R>(
+        self,
+        core: &Core,
+        read: R,
+    ) -> impl Future<Output = (usize, NodeOutcome)> + Send + 'static + use<R>
+    where
+        R: FnOnce(&Reply) -> Answer + Send + 'static,
+    {
+        let Self { node: i, op, command, after, slot } = self;
+        let node = core.nodes[i].clone();
+        let timeout = core.config.node_timeout;
+        async move {
+            let _settle = SettleOnDrop(slot);
+            let reply = if op == Op::Acquire {
+                let exchange = async {
+                    slot::all_settled(&after).await;
+                    node.send(&command).await
+                };
+                tokio::time::timeout(timeout, exchange).await
+            } else {
+                slot::all_settled(&after).await;
+                tokio::time::timeout(timeout, node.send(&command)).await
+            };
+            let Ok(reply) = reply else {
+                return (i, NodeOutcome::TimedOut);
+            };
+            let mut answer = read(&reply);
+            if answer.notify_refused {
+                node.note_notify_refused();
+            }
+            if reply.resent && op.is_undo() && answer.outcome == NodeOutcome::Absent {
+                // Re-sent after a dropped connection: the first send removed it.
+                answer.outcome = NodeOutcome::Ok;
+            }
+            if answer.outcome == NodeOutcome::Ok && op.is_vote() && node.in_quarantine() {
+                answer.outcome = NodeOutcome::Quarantined;
+            }
+            (i, answer.outcome)
+        }
+    }
+}
+
+impl Op {
+    /// Whether the node's yes counts toward a quorum (not while it is in restart
+    /// quarantine: it may have forgotten a lock it granted before its restart).
+    fn is_vote(self) -> bool {
+        matches!(self, Self::Acquire | Self::Extend | Self::Check)
+    }
+
+    /// Whether the request takes something back.
+    pub(crate) fn is_undo(self) -> bool {
+        matches!(self, Self::Release | Self::CleanUp)
+    }
+}

@@ -1,0 +1,228 @@
+//! The one surface every lock guard has, generated in one place.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use crate::error::Result;
+
+/// What every lock guard can do: [`Lock`](crate::Lock), [`ReentrantLock`](crate::ReentrantLock),
+/// [`MultiLock`](crate::MultiLock), [`ReadLock`](crate::ReadLock) and
+/// [`WriteLock`](crate::WriteLock). Each also has these as inherent methods, so the trait is
+/// needed only for code generic over the kinds (as [`AutoLock`](crate::AutoLock) is).
+///
+/// Sealed: only this crate's guards implement it.
+pub trait Guard: Send + Sync + std::fmt::Debug + sealed::Sealed + 'static {
+    /// The resource name, as passed to the lock call (a multi-resource lock's names joined
+    /// by `", "`).
+    fn resource(&self) -> &str;
+    /// The random token that identifies this hold on the nodes.
+    fn token(&self) -> &str;
+    /// The instant at which the validity ends.
+    fn deadline(&self) -> Instant;
+    /// What remains of the lease, counting down; [`Duration::ZERO`] once it is over.
+    fn validity(&self) -> Duration;
+    /// The lease of the last grant or extension, as sent to Redis.
+    fn ttl(&self) -> Duration;
+    /// The fencing token of a lock taken with `.fenced()`; `None` otherwise.
+    fn fencing_token(&self) -> Option<u64>;
+    /// Renews the lease to `ttl` from now; see [`Lock::extend`](crate::Lock::extend).
+    fn extend(&mut self, ttl: Duration) -> impl Future<Output = Result<()>> + Send;
+    /// Releases the hold; see [`Lock::release`](crate::Lock::release).
+    fn release(self) -> impl Future<Output = Result<()>> + Send
+    where
+        Self: Sized;
+    #[doc(hidden)]
+    fn start_auto_extend(self, max_hold: Option<Duration>) -> crate::AutoLock<Self>
+    where
+        Self: Sized;
+}
+
+pub(crate) mod sealed {
+    /// Keeps [`Guard`](super::Guard) implemented by this crate's guards only.
+    pub trait Sealed {}
+}
+
+/// Defines a guard type over a [`Claim`](crate::engine::Claim) of protocol `$proto`, with the
+/// whole guard surface; `key` adds `key()` for kinds with one key.
+macro_rules! guard {
+    ($(#[$meta:meta])* $name:ident($proto:ty), $what:literal $(, $key:ident)?) => {
+        $(#[$meta])*
+        #[must_use = concat!("dropping a ", stringify!($name), " releases it at once, in the background")]
+        pub struct $name {
+            claim: $crate::engine::Claim<$proto>,
+        }
+
+        impl ::std::fmt::Debug for $name {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                f.debug_struct(stringify!($name))
+                    .field("resource", &self.resource())
+                    .field("token", &self.token())
+                    .field("validity", &self.validity())
+                    .field("fencing_token", &self.fencing_token())
+                    .finish()
+            }
+        }
+
+        impl $crate::guard::sealed::Sealed for $name {}
+
+        impl $name {
+            pub(crate) fn from_claim(claim: $crate::engine::Claim<$proto>) -> Self {
+                Self { claim }
+            }
+
+            /// The resource name, as passed to the lock call.
+            pub fn resource(&self) -> &str {
+                self.claim.resource()
+            }
+
+            $(guard!(@$key);)?
+
+            #[doc = concat!("The random token that identifies this ", $what, " on the nodes.")]
+            pub fn token(&self) -> &str {
+                $crate::engine::Protocol::token(self.claim.proto())
+            }
+
+            #[doc = concat!("What remains of this ", $what, "'s lease, counting down; ")]
+            /// [`Duration::ZERO`](std::time::Duration::ZERO) once it is over. Timed from its
+            /// own acquisition (or last extension): other holds neither lengthen nor
+            /// shorten it.
+            ///
+            /// This is the only safe measure of ownership: work that must not overlap another
+            /// holder's has to finish (or be fenced) before it reaches zero.
+            pub fn validity(&self) -> ::std::time::Duration {
+                self.claim.validity()
+            }
+
+            /// The instant at which the validity ends.
+            pub fn deadline(&self) -> ::std::time::Instant {
+                self.claim.deadline()
+            }
+
+            /// Whether the validity has not run out yet.
+            pub fn is_valid(&self) -> bool {
+                self.claim.is_valid()
+            }
+
+            /// The lease of the last grant or extension, as sent to Redis.
+            pub fn ttl(&self) -> ::std::time::Duration {
+                self.claim.ttl()
+            }
+
+            /// The fencing token of a lock taken with `.fenced()` (strictly larger than
+            /// that of any earlier grant of the resource); `None` otherwise.
+            pub fn fencing_token(&self) -> Option<u64> {
+                self.claim.fence()
+            }
+
+            #[doc = concat!("Asks the nodes whether a quorum still has this ", $what, ":")]
+            /// `Ok(true)` if so, `Ok(false)` if too many no longer do.
+            ///
+            /// Advisory only: the answer is stale once it arrives, and a key can outlive its
+            /// lease on a node whose clock runs slow. Only `validity()` is safe to act on;
+            /// use this to detect a lock lost early (a node restarted empty, a key deleted
+            /// by hand), not to decide that a lock is still safe to use.
+            ///
+            /// # Errors
+            /// [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable) when too few nodes
+            /// answered.
+            pub async fn is_held(&self) -> $crate::Result<bool> {
+                self.claim.is_held().await
+            }
+
+            #[doc = concat!("Renews this ", $what, "'s lease to `ttl` from now on every node")]
+            /// where it is still held; never touches another owner's hold.
+            ///
+            /// Succeeds only with a quorum, while still valid; the new validity is
+            /// `ttl - elapsed - drift`, timed from the start of this call. A failed
+            /// extension deletes nothing and leaves the current validity as it was.
+            ///
+            /// # Errors
+            /// [`ErrorKind::NotHeld`](crate::ErrorKind::NotHeld) when the validity is over
+            /// (before or during the call) or the hold is gone from too many nodes;
+            /// [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable) when too few nodes
+            /// answered; [`ErrorKind::Expired`](crate::ErrorKind::Expired) when the round used
+            /// up the new lease; [`ErrorKind::Config`](crate::ErrorKind::Config) for a `ttl`
+            /// out of range.
+            pub async fn extend(&mut self, ttl: ::std::time::Duration) -> $crate::Result<()> {
+                self.claim.extend(ttl).await
+            }
+
+            #[doc = concat!("Releases this ", $what, " on every node where it is still held,")]
+            /// never touching another owner's hold, and wakes the waiters when the lock
+            /// becomes free.
+            ///
+            /// Returns once a quorum confirmed (nodes still to answer get the release in the
+            /// background). Dropping the guard instead releases in the background.
+            ///
+            /// # Errors
+            /// [`ErrorKind::NotHeld`](crate::ErrorKind::NotHeld) when the lease had run out
+            /// (locally, or on too many nodes) before the release, so the critical section
+            /// may have overlapped another holder's;
+            /// [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable) when too few nodes
+            /// answered. Keys that remain expire with their lease either way.
+            pub async fn release(self) -> $crate::Result<()> {
+                self.claim.release().await
+            }
+
+            #[doc = concat!("Keeps this ", $what, " alive in the background (about every third")]
+            /// of its lease) until it is released or lost, with a lost-lock signal
+            /// ([`Lease::lost`](crate::Lease::lost)).
+            pub fn auto_extend(self) -> $crate::AutoLock<Self> {
+                $crate::Guard::start_auto_extend(self, None)
+            }
+
+            /// Like `auto_extend()`, but stops extending once held for `max_hold` (counted
+            /// from this call): work that overruns it loses the lock.
+            pub fn auto_extend_capped(self, max_hold: ::std::time::Duration) -> $crate::AutoLock<Self> {
+                $crate::Guard::start_auto_extend(self, Some(max_hold))
+            }
+        }
+
+        impl $crate::Guard for $name {
+            fn resource(&self) -> &str {
+                $name::resource(self)
+            }
+
+            fn token(&self) -> &str {
+                $name::token(self)
+            }
+
+            fn deadline(&self) -> ::std::time::Instant {
+                $name::deadline(self)
+            }
+
+            fn validity(&self) -> ::std::time::Duration {
+                $name::validity(self)
+            }
+
+            fn ttl(&self) -> ::std::time::Duration {
+                $name::ttl(self)
+            }
+
+            fn fencing_token(&self) -> Option<u64> {
+                $name::fencing_token(self)
+            }
+
+            async fn extend(&mut self, ttl: ::std::time::Duration) -> $crate::Result<()> {
+                $name::extend(self, ttl).await
+            }
+
+            async fn release(self) -> $crate::Result<()> {
+                $name::release(self).await
+            }
+
+            fn start_auto_extend(self, max_hold: Option<::std::time::Duration>) -> $crate::AutoLock<Self> {
+                let tasks = self.claim.core().tasks.clone();
+                $crate::lease::AutoLock::start(self, &tasks, max_hold)
+            }
+        }
+    };
+    (@key) => {
+        /// The Redis key (the resource name behind the configured prefix).
+        pub fn key(&self) -> &str {
+            &$crate::engine::Protocol::keys(self.claim.proto())[0]
+        }
+    };
+}
+
+pub(crate) use guard;

@@ -1,0 +1,148 @@
+//! The plain lock: one key per resource, holding the acquisition's random token.
+//!
+//! On each node: acquire is `SET key token NX GET PX ttl` (`GET`, Redis 7.0+, makes the reply
+//! say who holds the key: nil when we set it, our own token when an earlier send of this
+//! very request landed, the holder's token otherwise, and `WRONGTYPE` for a key that is not
+//! a string, which plain `SET NX` would silently report as "held"); release is a
+//! compare-and-delete script; extend a compare-and-`PEXPIRE` that also sets the key again
+//! where it vanished and nobody took it (healing a node that lost it, without counting it).
+//! Every command compares the token first, so each is safe to send twice.
+
+use std::sync::Arc;
+
+use redis::Value;
+
+use crate::command::{self, Command, Resend};
+use crate::config::Ttl;
+use crate::engine::protocol::{failed, script_answer};
+use crate::engine::{self, Answer, Op, Protocol};
+use crate::error::NodeOutcome;
+use crate::guard::guard;
+use crate::node::Reply;
+use crate::token;
+
+/// One acquisition of one key.
+#[derive(Debug)]
+pub(crate) struct Plain {
+    keys: [Arc<str>; 1],
+    token: Arc<str>,
+    channel: Arc<str>,
+}
+
+impl Plain {
+    /// A fresh acquisition of `key`, with a fresh token.
+    pub(crate) fn new(key: Arc<str>) -> Self {
+        let channel = engine::channel(&key);
+        Self { keys: [key], token: token::generate().into(), channel }
+    }
+
+    fn key(&self) -> &str {
+        &self.keys[0]
+    }
+}
+
+impl Protocol for Plain {
+    fn kind(&self) -> &'static str {
+        "lock"
+    }
+
+    fn keys(&self) -> &[Arc<str>] {
+        &self.keys
+    }
+
+    fn token(&self) -> &str {
+        &self.token
+    }
+
+    fn command(&self, op: Op, ttl: Ttl) -> Command {
+        let (key, token) = (self.key(), self.token.as_bytes());
+        match op {
+            Op::Acquire => {
+                let mut cmd = redis::cmd("SET");
+                cmd.arg(key).arg(token).arg("NX").arg("GET").arg("PX").arg(ttl.ms());
+                Command::plain(cmd, Resend::Safe)
+            }
+            Op::Extend => {
+                let ms = ttl.ms().to_string();
+                Command::script(&command::EXTEND, &[key], &[token, ms.as_bytes()], Resend::Safe)
+            }
+            Op::Release | Op::CleanUp => {
+                let args = [token, self.channel.as_bytes()];
+                Command::script(&command::RELEASE, &[key], &args, Resend::Safe)
+            }
+            Op::Check => {
+                let mut cmd = redis::cmd("GET");
+                cmd.arg(key);
+                Command::plain(cmd, Resend::Safe)
+            }
+        }
+    }
+
+    fn answer(&self, op: Op, reply: &Reply) -> Answer {
+        let ours = |holder: &[u8]| holder == self.token.as_bytes();
+        match (op, &reply.value) {
+            (Op::Acquire, Ok(Value::Nil)) => NodeOutcome::Ok.into(),
+            // Our own token: an earlier send of this very request landed.
+            (Op::Acquire | Op::Check, Ok(Value::BulkString(holder))) if ours(holder) => {
+                NodeOutcome::Ok.into()
+            }
+            (Op::Acquire | Op::Check, Ok(Value::BulkString(_))) => NodeOutcome::Held.into(),
+            (Op::Check, Ok(Value::Nil)) => NodeOutcome::Absent.into(),
+            (Op::Acquire | Op::Check, other) => failed(other).into(),
+            (Op::Extend | Op::Release | Op::CleanUp, _) => script_answer(reply),
+        }
+    }
+}
+
+guard! {
+    /// A lock held on a quorum of nodes, valid until [`validity()`](Lock::validity) reaches
+    /// zero.
+    ///
+    /// Call [`release()`](Lock::release) when done: it reports whether the lock was still
+    /// held. A `Lock` dropped without `release()` is released in the background (never
+    /// blocking in `Drop`, also outside any runtime).
+    ///
+    /// `Lock` owns everything it needs (`Send + Sync + 'static`), so it can move into a
+    /// spawned task.
+    Lock(Plain), "lock", key
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::protocol::testing::{error, reply};
+
+    fn plain() -> Plain {
+        Plain::new("orders:1".into())
+    }
+
+    #[test]
+    fn an_acquire_reply_names_the_holder() {
+        let p = plain();
+        let answer = |value| p.answer(Op::Acquire, &reply(value)).outcome;
+        assert_eq!(answer(Value::Nil), NodeOutcome::Ok);
+        assert_eq!(answer(Value::BulkString(p.token.as_bytes().to_vec())), NodeOutcome::Ok);
+        assert_eq!(answer(Value::BulkString(b"someone".to_vec())), NodeOutcome::Held);
+        assert_eq!(p.answer(Op::Acquire, &error("WRONGTYPE")).outcome, NodeOutcome::WrongType);
+        assert!(matches!(answer(Value::Int(1)), NodeOutcome::Failed(_)));
+    }
+
+    #[test]
+    fn a_release_reply_tells_done_absent_held_and_a_refused_notification() {
+        let p = plain();
+        let answer = |n| p.answer(Op::Release, &reply(Value::Int(n)));
+        assert_eq!(answer(1), NodeOutcome::Ok.into());
+        assert_eq!(answer(2), Answer { outcome: NodeOutcome::Ok, notify_refused: true });
+        assert_eq!(answer(0).outcome, NodeOutcome::Absent);
+        assert_eq!(answer(-1).outcome, NodeOutcome::Held);
+    }
+
+    #[test]
+    fn every_command_is_safe_to_send_twice() {
+        let p = plain();
+        let ttl = Ttl::new(std::time::Duration::from_secs(1), 0.01).unwrap();
+        for op in [Op::Acquire, Op::Extend, Op::Release, Op::CleanUp, Op::Check] {
+            assert_eq!(p.command(op, ttl).resend(), Resend::Safe, "{op:?}");
+        }
+    }
+}

@@ -1,0 +1,39 @@
+-- Hash-based lock, release: removes our own hold (and, for a writer, its intent), never
+-- another's; when no hold remains, waiters are told on the release channel.
+-- KEYS[1] = the lock key, ARGV[1] = our field (or '' to withdraw an intent alone),
+-- ARGV[2] = the release channel, ARGV[3] = our intent field or ''.
+-- Returns 1 when our field was removed, 2 when it was removed but the notification was
+-- refused (an ACL user without the channel: the release stands), 0 when it was absent
+-- (expired, never set here, or removed by an earlier send of this very request), -1 when
+-- it was absent and a conflicting hold exists. A key of another type (or a hash of
+-- another kind) raises WRONGTYPE: never touched.
+
+local changed = false
+local result = 0
+if ARGV[3] ~= '' and live[ARGV[3]] ~= nil then
+  live[ARGV[3]] = nil
+  redis.call('HDEL', key, ARGV[3])
+  changed = true
+end
+if ARGV[1] ~= '' and live[ARGV[1]] ~= nil then
+  live[ARGV[1]] = nil
+  redis.call('HDEL', key, ARGV[1])
+  changed = true
+  result = 1
+elseif ARGV[1] ~= '' and conflicting(ARGV[1]) then
+  result = -1
+end
+if changed then
+  settle()
+  local holding = false
+  for field in pairs(live) do
+    if string.sub(field, 1, 2) ~= 'i:' then holding = true end
+  end
+  if not holding then
+    local published = redis.pcall('PUBLISH', ARGV[2], '1')
+    if type(published) == 'table' and published.err and result == 1 then
+      result = 2
+    end
+  end
+end
+return result

@@ -1,0 +1,277 @@
+//! The acquisition surface: one request value per lock kind, options as methods, awaited
+//! directly (`IntoFuture`): `rl.lock("orders:42").ttl(d).fenced().await`.
+
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::Config;
+use crate::engine::{self, Core, Plan};
+use crate::error::{Error, Result};
+use crate::kinds::multi::{Multi, MultiLock, Set};
+use crate::kinds::plain::{Lock, Plain};
+use crate::kinds::reentrant::{Reentrant, ReentrantLock};
+use crate::kinds::rwlock::{Intent, Mode, ReadLock, Share, WriteLock, WriterPriority};
+use crate::retry::Retry;
+
+/// The future of a request.
+pub type Acquiring<'a, G> = Pin<Box<dyn Future<Output = Result<G>> + Send + 'a>>;
+
+/// The options every request has.
+#[derive(Clone, Debug, Default)]
+struct Options {
+    ttl: Option<Duration>,
+    wait: Wait,
+    fenced: bool,
+}
+
+#[derive(Clone, Debug, Default)]
+enum Wait {
+    /// The client's retry policy.
+    #[default]
+    Policy,
+    /// A single attempt.
+    Once,
+    /// This request's own policy.
+    Retry(Retry),
+}
+
+impl Options {
+    fn plan(&self, config: &Config) -> Result<Plan> {
+        let retry = match &self.wait {
+            Wait::Policy => Some(config.retry),
+            Wait::Once => None,
+            Wait::Retry(retry) => {
+                retry.validate().map_err(Error::config)?;
+                Some(*retry)
+            }
+        };
+        Ok(Plan { ttl: config.ttl(self.ttl)?, retry, fenced: self.fenced })
+    }
+}
+
+/// The options every request type has, generated once.
+macro_rules! options {
+    ($name:ident) => {
+        impl $name<'_> {
+            /// The lease of this lock, instead of the client's default
+            /// ([`RedlockBuilder::ttl`](crate::RedlockBuilder::ttl)). Checked when awaited:
+            /// at least 1 ms and longer than its drift allowance.
+            pub fn ttl(mut self, ttl: Duration) -> Self {
+                self.options.ttl = Some(ttl);
+                self
+            }
+
+            /// A single attempt instead of waiting per the retry policy: fails at once with
+            /// [`ErrorKind::NotAcquired`](crate::ErrorKind::NotAcquired) when the lock is
+            /// held.
+            pub fn once(mut self) -> Self {
+                self.options.wait = Wait::Once;
+                self
+            }
+
+            /// Waits per `retry` instead of the client's policy
+            /// ([`RedlockBuilder::retry`](crate::RedlockBuilder::retry)).
+            pub fn retry(mut self, retry: Retry) -> Self {
+                self.options.wait = Wait::Retry(retry);
+                self
+            }
+        }
+    };
+}
+
+/// A request for a [`Lock`]: [`Redlock::lock`](crate::Redlock::lock) (waits per the retry
+/// policy) or [`Redlock::try_lock`](crate::Redlock::try_lock) (one attempt). Await it.
+#[derive(Debug)]
+#[must_use = "a lock request does nothing until it is awaited"]
+pub struct LockRequest<'a> {
+    core: &'a Arc<Core>,
+    resource: &'a str,
+    options: Options,
+}
+
+/// A request for a [`ReentrantLock`]: [`Redlock::reentrant`](crate::Redlock::reentrant).
+#[derive(Debug)]
+#[must_use = "a lock request does nothing until it is awaited"]
+pub struct ReentrantRequest<'a> {
+    core: &'a Arc<Core>,
+    resource: &'a str,
+    owner: &'a str,
+    options: Options,
+}
+
+/// A request for a [`MultiLock`]: [`Redlock::many`](crate::Redlock::many).
+#[derive(Debug)]
+#[must_use = "a lock request does nothing until it is awaited"]
+pub struct MultiRequest<'a> {
+    core: &'a Arc<Core>,
+    resources: &'a [&'a str],
+    options: Options,
+}
+
+/// A request for a [`ReadLock`]: [`Redlock::read`](crate::Redlock::read).
+#[derive(Debug)]
+#[must_use = "a lock request does nothing until it is awaited"]
+pub struct ReadRequest<'a> {
+    core: &'a Arc<Core>,
+    resource: &'a str,
+    options: Options,
+}
+
+/// A request for a [`WriteLock`]: [`Redlock::write`](crate::Redlock::write).
+#[derive(Debug)]
+#[must_use = "a lock request does nothing until it is awaited"]
+pub struct WriteRequest<'a> {
+    core: &'a Arc<Core>,
+    resource: &'a str,
+    priority: WriterPriority,
+    options: Options,
+}
+
+options!(LockRequest);
+options!(ReentrantRequest);
+options!(MultiRequest);
+options!(ReadRequest);
+options!(WriteRequest);
+
+impl<'a> LockRequest<'a> {
+    pub(crate) fn new(core: &'a Arc<Core>, resource: &'a str, once: bool) -> Self {
+        let wait = if once { Wait::Once } else { Wait::Policy };
+        Self { core, resource, options: Options { wait, ..Options::default() } }
+    }
+
+    /// Also takes a fencing token ([`Lock::fencing_token`]), larger than that of any
+    /// earlier grant of the resource, fixed on a quorum before the lock is handed out (two
+    /// more round trips). See [`crate::guide::fencing`].
+    pub fn fenced(mut self) -> Self {
+        self.options.fenced = true;
+        self
+    }
+}
+
+impl<'a> ReentrantRequest<'a> {
+    pub(crate) fn new(core: &'a Arc<Core>, resource: &'a str, owner: &'a str) -> Self {
+        Self { core, resource, owner, options: Options::default() }
+    }
+}
+
+impl<'a> MultiRequest<'a> {
+    pub(crate) fn new(core: &'a Arc<Core>, resources: &'a [&'a str]) -> Self {
+        Self { core, resources, options: Options::default() }
+    }
+}
+
+impl<'a> ReadRequest<'a> {
+    pub(crate) fn new(core: &'a Arc<Core>, resource: &'a str) -> Self {
+        Self { core, resource, options: Options::default() }
+    }
+}
+
+impl<'a> WriteRequest<'a> {
+    pub(crate) fn new(core: &'a Arc<Core>, resource: &'a str) -> Self {
+        Self { core, resource, priority: WriterPriority::Preferred, options: Options::default() }
+    }
+
+    /// Whether a waiting writer blocks new readers ([`WriterPriority::Preferred`], the
+    /// default) or not.
+    pub fn priority(mut self, priority: WriterPriority) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// Also takes a fencing token, as [`LockRequest::fenced`] does.
+    pub fn fenced(mut self) -> Self {
+        self.options.fenced = true;
+        self
+    }
+}
+
+impl<'a> IntoFuture for LockRequest<'a> {
+    type Output = Result<Lock>;
+    type IntoFuture = Acquiring<'a, Lock>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move {
+            let (core, config) = (self.core, &self.core.config);
+            let key = config.key(self.resource)?;
+            let plan = self.options.plan(config)?;
+            let new = || Plain::new(key.clone());
+            let claim = engine::obtain(core, &plan, self.resource.into(), new, None).await?;
+            Ok(Lock::from_claim(claim))
+        })
+    }
+}
+
+impl<'a> IntoFuture for ReentrantRequest<'a> {
+    type Output = Result<ReentrantLock>;
+    type IntoFuture = Acquiring<'a, ReentrantLock>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move {
+            let (core, config) = (self.core, &self.core.config);
+            let key = config.key(self.resource)?;
+            let owner = Reentrant::check_owner(self.owner)?;
+            let plan = self.options.plan(config)?;
+            let new = || Reentrant::new(key.clone(), owner.clone());
+            let claim = engine::obtain(core, &plan, self.resource.into(), new, None).await?;
+            Ok(ReentrantLock::from_claim(claim))
+        })
+    }
+}
+
+impl<'a> IntoFuture for MultiRequest<'a> {
+    type Output = Result<MultiLock>;
+    type IntoFuture = Acquiring<'a, MultiLock>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move {
+            let (core, config) = (self.core, &self.core.config);
+            let set = Set::new(config, self.resources)?;
+            let plan = self.options.plan(config)?;
+            let label = set.label().clone();
+            let claim =
+                engine::obtain(core, &plan, label, || Multi::new(set.clone()), None).await?;
+            Ok(MultiLock::from_claim(claim))
+        })
+    }
+}
+
+impl<'a> IntoFuture for ReadRequest<'a> {
+    type Output = Result<ReadLock>;
+    type IntoFuture = Acquiring<'a, ReadLock>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move {
+            let (core, config) = (self.core, &self.core.config);
+            let key = config.key(self.resource)?;
+            let plan = self.options.plan(config)?;
+            let new = || Share::new(key.clone(), Mode::Read, None);
+            let claim = engine::obtain(core, &plan, self.resource.into(), new, None).await?;
+            Ok(ReadLock::from_claim(claim))
+        })
+    }
+}
+
+impl<'a> IntoFuture for WriteRequest<'a> {
+    type Output = Result<WriteLock>;
+    type IntoFuture = Acquiring<'a, WriteLock>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move {
+            let (core, config) = (self.core, &self.core.config);
+            let key = config.key(self.resource)?;
+            let plan = self.options.plan(config)?;
+            // Only a writer that waits records an intent: a single attempt never blocks
+            // readers.
+            let intent = match (&plan.retry, self.priority) {
+                (Some(retry), WriterPriority::Preferred) => Some(Intent::new(config, retry)),
+                _ => None,
+            };
+            let withdrawal = intent.as_ref().map(|intent| intent.withdrawal(&key));
+            let new = || Share::new(key.clone(), Mode::Write, intent.clone());
+            let claim = engine::obtain(core, &plan, self.resource.into(), new, withdrawal).await?;
+            Ok(WriteLock::from_claim(claim))
+        })
+    }
+}

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use crate::{
     cluster::Cluster,
+    config::NodeConfig,
     error::Result,
-    node::NodeConfig,
     proxy::{NetFault, Proxy},
 };
 

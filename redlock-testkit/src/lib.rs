@@ -75,21 +75,28 @@
 
 mod binary;
 mod cluster;
+mod commands;
+mod config;
 mod counter;
 mod error;
 mod fault;
 mod history;
+mod launch;
 mod node;
 mod port;
+mod process;
 mod proxy;
 mod ready;
 mod rw_history;
+mod wakeup;
 
 pub use cluster::Cluster;
+pub use config::{NodeConfig, Persistence};
 pub use counter::Counter;
 pub use error::{Error, Result};
 pub use fault::{Fault, FaultyCluster};
 pub use history::{Grant, GrantId, History, Violation};
-pub use node::{NodeConfig, Persistence, RedisNode};
+pub use node::RedisNode;
 pub use proxy::{NetFault, Proxy};
 pub use rw_history::{RwGrant, RwGrantId, RwHistory, RwMode, RwViolation};
+pub use wakeup::Wakeup;

@@ -87,7 +87,6 @@ mod port;
 mod process;
 mod proxy;
 mod ready;
-mod rw_history;
 mod wakeup;
 
 pub use cluster::Cluster;
@@ -95,8 +94,7 @@ pub use config::{NodeConfig, Persistence};
 pub use counter::Counter;
 pub use error::{Error, Result};
 pub use fault::{Fault, FaultyCluster};
-pub use history::{Grant, GrantId, History, Violation};
+pub use history::{FencingViolation, Grant, GrantId, History, Mode, Violation};
 pub use node::RedisNode;
 pub use proxy::{NetFault, Proxy};
-pub use rw_history::{RwGrant, RwGrantId, RwHistory, RwMode, RwViolation};
 pub use wakeup::Wakeup;

@@ -96,5 +96,5 @@ pub use error::{Error, Result};
 pub use fault::{Fault, FaultyCluster};
 pub use history::{FencingViolation, Grant, GrantId, History, Mode, Violation};
 pub use node::RedisNode;
-pub use proxy::{NetFault, Proxy};
+pub use proxy::{FUZZ_SEED_ENV, Fuzz, NetFault, Proxy};
 pub use wakeup::Wakeup;

@@ -6,15 +6,38 @@
 
 use std::collections::BTreeMap;
 
-use crate::{error::Result, node::RedisNode};
+use crate::{access, error::Result, node::RedisNode};
 
 /// Connect and read/write timeout of the testkit's own connections.
 pub(crate) const CONNECTION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl RedisNode {
-    /// A client for this node, as the testkit's own connections use it.
+    /// A client for this node, as the testkit's own connections use it: as the default
+    /// user (with the node's password), over TLS with the testkit's CA and client
+    /// certificate on a [TLS node](crate::NodeConfig::tls).
     pub fn client(&self) -> Result<redis::Client> {
-        Ok(redis::Client::open(self.url())?)
+        access::client(&self.config, &self.url())
+    }
+
+    /// A client for the ACL user `name` (see [`acl_setuser`](Self::acl_setuser)), TLS as
+    /// [`client`](Self::client).
+    pub fn client_as(&self, name: &str, password: &str) -> Result<redis::Client> {
+        access::client(&self.config, &self.url_as(name, password))
+    }
+
+    /// Creates or replaces the ACL user `name`: `ACL SETUSER name reset on >password
+    /// rules...`, e.g. rules `["~app:*", "+get", "+set"]` for a user that may only
+    /// `GET` and `SET` keys under `app:`. Connect as it with [`url_as`](Self::url_as).
+    pub fn acl_setuser(&self, name: &str, password: &str, rules: &[&str]) -> Result<()> {
+        redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg(name)
+            .arg("reset")
+            .arg("on")
+            .arg(format!(">{password}"))
+            .arg(rules)
+            .query::<()>(&mut self.connection()?)?;
+        Ok(())
     }
 
     /// A sync connection with a 2 s connect and read/write timeout, for tests to inspect keys.

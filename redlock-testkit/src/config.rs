@@ -1,4 +1,8 @@
-//! How to start a node: persistence, port, extra arguments.
+//! How to start a node: persistence, port, TLS, password, extra arguments.
+
+use std::fmt;
+
+use crate::tls::ClientCerts;
 
 /// How a node keeps its data across [`RedisNode::restart`](crate::RedisNode::restart).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -10,18 +14,40 @@ pub enum Persistence {
     AppendFsyncAlways,
 }
 
-/// How to start a [`RedisNode`].
-#[derive(Clone, Debug, Default)]
+/// How to start a [`RedisNode`](crate::RedisNode).
+///
+/// # Default
+/// No persistence, a free loopback port, plain TCP, no password, no extra arguments.
+#[derive(Clone, Default)]
+#[must_use = "a config does nothing until a node is started with it"]
 pub struct NodeConfig {
     pub(crate) persistence: Persistence,
     pub(crate) port: Option<u16>,
+    pub(crate) tls: Option<ClientCerts>,
+    pub(crate) requirepass: Option<String>,
     pub(crate) extra_args: Vec<String>,
 }
 
 impl NodeConfig {
-    /// The defaults: no persistence, a free loopback port, no extra arguments.
+    /// The defaults: see [`NodeConfig`].
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// TLS only: the node listens with the testkit's [`Certificates`](crate::tls::Certificates)
+    /// on its port and has no plain-TCP port (`--port 0 --tls-port PORT`), asking clients
+    /// for a certificate as `client_certs` says. Its [`url`](crate::RedisNode::url) is then
+    /// `rediss://...`.
+    pub fn tls(mut self, client_certs: ClientCerts) -> Self {
+        self.tls = Some(client_certs);
+        self
+    }
+
+    /// `--requirepass password`: the default user needs it. The node's
+    /// [`url`](crate::RedisNode::url) and the testkit's own connections include it.
+    pub fn requirepass(mut self, password: impl Into<String>) -> Self {
+        self.requirepass = Some(password.into());
+        self
     }
 
     /// How the node keeps its data across restarts.
@@ -46,5 +72,18 @@ impl NodeConfig {
     pub(crate) fn without_port(mut self) -> Self {
         self.port = None;
         self
+    }
+}
+
+impl fmt::Debug for NodeConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NodeConfig")
+            .field("persistence", &self.persistence)
+            .field("port", &self.port)
+            .field("tls", &self.tls)
+            // Never print a secret: tests check that passwords leak nowhere.
+            .field("requirepass", &self.requirepass.as_ref().map(|_| "***"))
+            .field("extra_args", &self.extra_args)
+            .finish()
     }
 }

@@ -125,7 +125,13 @@ impl FaultyCluster {
     /// # Panics
     /// When `client` is out of range.
     pub fn urls_for(&self, client: usize) -> Vec<String> {
-        self.proxies[client].iter().map(Proxy::url).collect()
+        // The node's URL (scheme, password) with the proxy's port: TLS passes through.
+        let nodes = self.cluster.nodes();
+        nodes
+            .iter()
+            .zip(&self.proxies[client])
+            .map(|(node, proxy)| node.url_via(proxy.port()))
+            .collect()
     }
 
     /// Number of nodes.

@@ -9,9 +9,11 @@ use std::{
 };
 
 use crate::{
+    access::{self, Credentials},
     config::{NodeConfig, Persistence},
     error::{Error, Result},
     ready::{self, Probe},
+    tls::Certificates,
 };
 
 /// How long a node may take to answer PING after being spawned.
@@ -43,12 +45,30 @@ pub(crate) fn launch(
     config: &NodeConfig,
 ) -> Result<Child, Launch> {
     let log_offset = read_log(dir).len();
+    // The client the probe uses: as the testkit's own connections (TLS, password).
+    let client = access::client(config, &access::url(config, port, Credentials::Default))
+        .map_err(Launch::Failed)?;
     let mut command = Command::new(binary);
+    command.arg("--bind").arg("127.0.0.1");
+    match config.tls {
+        None => command.arg("--port").arg(port.to_string()),
+        Some(client_certs) => {
+            let certificates = Certificates::get().map_err(Launch::Failed)?;
+            command
+                .args(["--port", "0", "--tls-port", &port.to_string()])
+                .arg("--tls-cert-file")
+                .arg(certificates.server_cert().path())
+                .arg("--tls-key-file")
+                .arg(certificates.server_key().path())
+                .arg("--tls-ca-cert-file")
+                .arg(certificates.ca().path())
+                .args(["--tls-auth-clients", client_certs.redis_arg()])
+        }
+    };
+    if let Some(password) = &config.requirepass {
+        command.arg("--requirepass").arg(password);
+    }
     command
-        .arg("--bind")
-        .arg("127.0.0.1")
-        .arg("--port")
-        .arg(port.to_string())
         .arg("--daemonize")
         .arg("no")
         .arg("--protected-mode")
@@ -84,7 +104,7 @@ pub(crate) fn launch(
         if let Ok(Some(_)) = child.try_wait() {
             break; // Exited while starting (bad args, port taken...): the log says why.
         }
-        if ready::probe(port, child.id()) == Probe::Ready {
+        if ready::probe(&client, child.id()) == Probe::Ready {
             return Ok(child);
         }
         if started.elapsed() >= READY_TIMEOUT {

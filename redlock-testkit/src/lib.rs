@@ -73,6 +73,7 @@
 //! ```
 #![warn(missing_docs)]
 
+mod access;
 mod binary;
 mod cluster;
 mod commands;
@@ -87,6 +88,7 @@ mod port;
 mod process;
 mod proxy;
 mod ready;
+pub mod tls;
 mod wakeup;
 
 pub use cluster::Cluster;

@@ -12,6 +12,7 @@ use std::{
 use tempfile::TempDir;
 
 use crate::{
+    access::{self, Credentials},
     binary,
     config::NodeConfig,
     error::{Error, Result},
@@ -74,9 +75,23 @@ impl RedisNode {
         self.port
     }
 
-    /// `redis://127.0.0.1:PORT`.
+    /// The URL clients use: `redis://127.0.0.1:PORT`, `rediss://` for a
+    /// [TLS node](NodeConfig::tls) (see [`tls`](crate::tls) for what a client needs),
+    /// with `:PASSWORD@` (percent-encoded) for a node with a
+    /// [password](NodeConfig::requirepass).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        self.url_via(self.port)
+    }
+
+    /// [`url`](Self::url) with `port` instead of the node's: a proxy's in front of it.
+    pub(crate) fn url_via(&self, port: u16) -> String {
+        access::url(&self.config, port, Credentials::Default)
+    }
+
+    /// The URL for the ACL user `name` (see [`acl_setuser`](Self::acl_setuser)), with the
+    /// node's scheme: `redis://NAME:PASSWORD@127.0.0.1:PORT` (both percent-encoded).
+    pub fn url_as(&self, name: &str, password: &str) -> String {
+        access::url(&self.config, self.port, Credentials::User { name, password })
     }
 
     /// The process id, or `None` while killed (or after it exited on its own).

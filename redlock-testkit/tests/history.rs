@@ -17,6 +17,17 @@ fn grant(t0: Instant, client: usize, token: &str, from: u64, until: u64) -> Gran
     Grant::new(client, token, t0 + ms(from), t0 + ms(until))
 }
 
+/// The violations as sorted `(first token, second token, overlap)`.
+fn overlapping(history: &History) -> Vec<(String, String, Duration)> {
+    let mut pairs: Vec<_> = history
+        .violations()
+        .into_iter()
+        .map(|v| (v.first.token, v.second.token, v.overlap))
+        .collect();
+    pairs.sort();
+    pairs
+}
+
 #[test]
 fn overlapping_windows_are_reported() {
     let t0 = Instant::now();
@@ -53,14 +64,8 @@ fn a_window_contained_in_another_and_many_overlaps() {
     history.record(grant(t0, 1, "x", 100, 200));
     history.record(grant(t0, 2, "y", 150, 300));
     history.record(grant(t0, 3, "z", 2000, 3000));
-    let mut pairs: Vec<_> = history
-        .violations()
-        .into_iter()
-        .map(|v| (v.first.token, v.second.token, v.overlap))
-        .collect();
-    pairs.sort();
     assert_eq!(
-        pairs,
+        overlapping(&history),
         [
             ("long".into(), "x".into(), ms(100)),
             ("long".into(), "y".into(), ms(150)),
@@ -145,13 +150,10 @@ fn an_exclusive_grant_overlapping_a_shared_or_an_exclusive_one_is_reported() {
     history.record(grant(t0, 2, "w1", 90, 200)); // overlaps r1 by 10
     history.record(grant(t0, 3, "w2", 150, 300)); // overlaps w1 by 50
     history.record(share(t0, 4, "r3", 300, 400)); // touches w2 only
-    let mut found: Vec<_> = history
-        .violations()
-        .into_iter()
-        .map(|v| (v.first.token, v.second.token, v.overlap))
-        .collect();
-    found.sort();
-    assert_eq!(found, [("r1".into(), "w1".into(), ms(10)), ("w1".into(), "w2".into(), ms(50))]);
+    assert_eq!(
+        overlapping(&history),
+        [("r1".into(), "w1".into(), ms(10)), ("w1".into(), "w2".into(), ms(50))]
+    );
     assert_eq!(history.shared_overlaps(), 1);
 }
 

@@ -1,4 +1,4 @@
-//! Shared pieces of the benchmarks: the nodes, the implementations under comparison, the
+//! Shared pieces of the benchmarks: the implementations under comparison, the
 //! scenario runners and the statistics. Used by the criterion benches (`benches/lock.rs`)
 //! and by the comparison binary (`src/bin/compare.rs`).
 //!
@@ -13,13 +13,11 @@
 
 mod client;
 mod machine;
-mod nodes;
 mod run;
 mod stats;
 
 pub use client::{Client, Impl, Settings, Turns};
 pub use machine::machine_line;
-pub use nodes::Nodes;
 pub use run::{
     Batch, handoff_batch, hot_key_batch, latency_batch, throughput_batch, timed_concurrent,
     timed_sequential,

@@ -1,11 +1,12 @@
 //! Several independent nodes, as a Redlock deployment has.
 
-use std::thread;
-
-use crate::{
-    error::Result,
-    node::{NodeConfig, RedisNode},
+use std::{
+    collections::BTreeMap,
+    thread,
+    time::{Duration, Instant},
 };
+
+use crate::{config::NodeConfig, error::Result, node::RedisNode, wakeup::Wakeup};
 
 /// `n` independent [`RedisNode`]s, each on its own free port.
 #[derive(Debug)]
@@ -74,6 +75,27 @@ impl Cluster {
         &mut self.nodes
     }
 
+    /// Pauses `nodes` (indexes) now and resumes them together after `duration`, each
+    /// from a plain thread; see [`RedisNode::pause_for`].
+    ///
+    /// # Errors
+    /// The first node that cannot be paused; the nodes paused before it are still
+    /// resumed on time.
+    ///
+    /// # Panics
+    /// When an index is out of range.
+    pub fn pause_for(&mut self, nodes: &[usize], duration: Duration) -> Result<Wakeup> {
+        let until = Instant::now() + duration;
+        let mut wakeup = Wakeup::new(Vec::new());
+        for &i in nodes {
+            wakeup = wakeup.merge(self.nodes[i].pause_until(until)?);
+        }
+        Ok(wakeup)
+    }
+
+    // Inspection. Killed and paused nodes are skipped, never contacted: a paused node
+    // would hang the read until its timeout.
+
     /// On which nodes `key` currently holds `value` (indexes). Killed and
     /// paused nodes are skipped, never contacted (a paused node would hang
     /// the read); a node that errors counts as not holding it.
@@ -84,12 +106,66 @@ impl Cluster {
             .collect()
     }
 
-    /// How many live, unpaused nodes have `key` at all.
+    /// How many live, unpaused nodes have `key` at all; a node that errors counts as not.
     pub fn count_key(&self, key: &str) -> usize {
         self.reachable().filter(|(_, node)| node.exists(key).unwrap_or(false)).count()
     }
 
-    fn reachable(&self) -> impl Iterator<Item = (usize, &RedisNode)> {
-        self.nodes.iter().enumerate().filter(|(_, node)| node.is_running() && !node.is_paused())
+    /// On which live, unpaused nodes `key` exists, whatever its type or value (indexes).
+    ///
+    /// # Errors
+    /// The first error of a node that was asked.
+    pub fn nodes_with_key(&self, key: &str) -> Result<Vec<usize>> {
+        let found = self.per_node(|node| node.exists(key))?;
+        Ok(found
+            .iter()
+            .enumerate()
+            .filter(|(_, has)| **has == Some(true))
+            .map(|(i, _)| i)
+            .collect())
     }
+
+    /// Each node's `PTTL` of `key`, in node order: milliseconds left, -1 without expiry,
+    /// -2 if missing; `None` for killed and paused nodes.
+    ///
+    /// # Errors
+    /// The first error of a node that was asked.
+    pub fn pttls(&self, key: &str) -> Result<Vec<Option<i64>>> {
+        self.per_node(|node| node.pttl(key))
+    }
+
+    /// Each node's fields of the hash at `key`, in node order (empty if the key is
+    /// missing); `None` for killed and paused nodes.
+    ///
+    /// # Errors
+    /// The first error of a node that was asked, e.g. `WRONGTYPE` when the key is not a hash.
+    pub fn hash_fields(&self, key: &str) -> Result<Vec<Option<BTreeMap<String, String>>>> {
+        self.per_node(|node| node.hgetall(key))
+    }
+
+    /// How many keys match `pattern` over all live, unpaused nodes: `0` means nothing is
+    /// left anywhere, e.g. `keys_everywhere("*")` after every lock was released.
+    ///
+    /// # Errors
+    /// The first error of a node that was asked.
+    pub fn keys_everywhere(&self, pattern: &str) -> Result<usize> {
+        Ok(self.per_node(|node| node.keys(pattern))?.into_iter().flatten().map(|k| k.len()).sum())
+    }
+
+    /// `read` on every reachable node, `None` for the others, in node order.
+    fn per_node<T>(&self, read: impl Fn(&RedisNode) -> Result<T>) -> Result<Vec<Option<T>>> {
+        self.nodes
+            .iter()
+            .map(|node| if is_reachable(node) { read(node).map(Some) } else { Ok(None) })
+            .collect()
+    }
+
+    fn reachable(&self) -> impl Iterator<Item = (usize, &RedisNode)> {
+        self.nodes.iter().enumerate().filter(|(_, node)| is_reachable(node))
+    }
+}
+
+/// Whether a read would be answered: running and not paused.
+fn is_reachable(node: &RedisNode) -> bool {
+    node.is_running() && !node.is_paused()
 }

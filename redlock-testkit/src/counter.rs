@@ -3,10 +3,7 @@
 
 use std::{thread, time::Duration};
 
-use crate::{
-    error::Result,
-    node::{CONNECTION_TIMEOUT, RedisNode},
-};
+use crate::{commands, error::Result, node::RedisNode};
 
 /// A shared counter on a Redis node (use one outside the lock's cluster),
 /// incremented with a deliberately *non-atomic* `GET` then `SET`, with an
@@ -26,7 +23,7 @@ impl Counter {
     /// A counter at `key` on `node`. The key is left as it is: a missing key
     /// counts as 0, and counters on the same key share the count.
     pub fn new(node: &RedisNode, key: &str) -> Result<Self> {
-        Ok(Counter { client: redis::Client::open(node.url())?, key: key.to_owned() })
+        Ok(Counter { client: node.client()?, key: key.to_owned() })
     }
 
     /// `GET`, sleep `pause`, `SET` to one more: not atomic, on purpose.
@@ -48,9 +45,6 @@ impl Counter {
     }
 
     fn connection(&self) -> Result<redis::Connection> {
-        let con = self.client.get_connection_with_timeout(CONNECTION_TIMEOUT)?;
-        con.set_read_timeout(Some(CONNECTION_TIMEOUT))?;
-        con.set_write_timeout(Some(CONNECTION_TIMEOUT))?;
-        Ok(con)
+        commands::connect(&self.client)
     }
 }

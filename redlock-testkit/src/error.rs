@@ -37,6 +37,8 @@ pub enum Error {
     },
     /// A command sent to the node failed.
     Redis(redis::RedisError),
+    /// Generating the TLS certificates failed (the message says why).
+    Certificates(String),
 }
 
 /// `Result` with this crate's [`Error`].
@@ -59,6 +61,7 @@ impl fmt::Display for Error {
             ),
             Error::Signal { signal, source } => write!(f, "sending {signal} failed: {source}"),
             Error::Redis(e) => write!(f, "redis command failed: {e}"),
+            Error::Certificates(why) => write!(f, "could not generate TLS certificates: {why}"),
         }
     }
 }
@@ -69,7 +72,9 @@ impl std::error::Error for Error {
             Error::Spawn { source, .. } => Some(source),
             Error::Signal { source, .. } => Some(source),
             Error::Redis(e) => Some(e),
-            Error::RedisServerNotFound { .. } | Error::NotReady { .. } => None,
+            Error::RedisServerNotFound { .. } | Error::NotReady { .. } | Error::Certificates(_) => {
+                None
+            }
         }
     }
 }

@@ -4,9 +4,9 @@ use std::time::Duration;
 
 use crate::{
     cluster::Cluster,
+    config::NodeConfig,
     error::Result,
-    node::NodeConfig,
-    proxy::{NetFault, Proxy},
+    proxy::{Fuzz, NetFault, Proxy},
 };
 
 /// One fault to inject into a node, so suites can be tables of faults.
@@ -68,8 +68,14 @@ impl Fault {
     }
 }
 
-/// A [`Cluster`] with a [`Proxy`] in front of every node. Clients use the
-/// proxies' [`urls`](Self::urls); faults go through [`inject`](Self::inject).
+/// A [`Cluster`] with a [`Proxy`] in front of every node, for each client: clients use
+/// the proxies' [`urls_for`](Self::urls_for) their index ([`urls`](Self::urls) for a
+/// single client); faults go through [`inject`](Self::inject).
+///
+/// With several clients ([`start_for_clients`](Self::start_for_clients)), each client has
+/// its own proxy per node, so that faults of one client's connections
+/// ([`fuzz_client`](Self::fuzz_client), [`client_proxy`](Self::client_proxy)) never
+/// touch another's. Faults of a node ([`inject`](Self::inject)) apply to every client.
 ///
 /// Inspection through [`cluster`](Self::cluster) (e.g.
 /// [`Cluster::nodes_holding`]) talks to the nodes directly, not through the
@@ -78,7 +84,8 @@ impl Fault {
 pub struct FaultyCluster {
     // Proxies first: dropped before the nodes, so their connections close
     // before the nodes are killed, not the other way round.
-    proxies: Vec<Proxy>,
+    /// `proxies[client][node]`.
+    proxies: Vec<Vec<Proxy>>,
     cluster: Cluster,
 }
 
@@ -90,16 +97,41 @@ impl FaultyCluster {
 
     /// Starts `n` nodes with `config` (its port is ignored), each behind a proxy.
     pub fn start_with(n: usize, config: NodeConfig) -> Result<Self> {
+        Self::start_for_clients(n, 1, config)
+    }
+
+    /// Starts `n` nodes with `config` (its port is ignored), each behind one proxy per
+    /// client.
+    ///
+    /// # Panics
+    /// When `clients` is 0.
+    pub fn start_for_clients(n: usize, clients: usize, config: NodeConfig) -> Result<Self> {
+        assert!(clients > 0, "FaultyCluster::start_for_clients: at least one client");
         let cluster = Cluster::start_with(n, config)?;
         // A node keeps its port across restarts, so the proxy's upstream stays valid.
-        let proxies =
-            cluster.nodes().iter().map(|node| Proxy::start(node.port())).collect::<Result<_>>()?;
+        let proxies = (0..clients)
+            .map(|_| cluster.nodes().iter().map(|node| Proxy::start(node.port())).collect())
+            .collect::<Result<_>>()?;
         Ok(FaultyCluster { proxies, cluster })
     }
 
-    /// The proxies' URLs, in node order: what clients should use.
+    /// Client 0's proxy URLs, in node order: what a single client should use.
     pub fn urls(&self) -> Vec<String> {
-        self.proxies.iter().map(Proxy::url).collect()
+        self.urls_for(0)
+    }
+
+    /// The URLs of `client`'s own proxies, in node order.
+    ///
+    /// # Panics
+    /// When `client` is out of range.
+    pub fn urls_for(&self, client: usize) -> Vec<String> {
+        // The node's URL (scheme, password) with the proxy's port: TLS passes through.
+        let nodes = self.cluster.nodes();
+        nodes
+            .iter()
+            .zip(&self.proxies[client])
+            .map(|(node, proxy)| node.url_via(proxy.port()))
+            .collect()
     }
 
     /// Number of nodes.
@@ -112,6 +144,11 @@ impl FaultyCluster {
         self.cluster.is_empty()
     }
 
+    /// Number of clients, each with its own proxies.
+    pub fn clients(&self) -> usize {
+        self.proxies.len()
+    }
+
     /// The nodes, for direct inspection.
     pub fn cluster(&self) -> &Cluster {
         &self.cluster
@@ -122,16 +159,51 @@ impl FaultyCluster {
         &mut self.cluster
     }
 
-    /// The proxy in front of node `i`. Panics if out of range.
+    /// Client 0's proxy in front of node `i`.
+    ///
+    /// # Panics
+    /// When `i` is out of range.
     pub fn proxy(&self, i: usize) -> &Proxy {
-        &self.proxies[i]
+        self.client_proxy(0, i)
+    }
+
+    /// `client`'s proxy in front of node `node`, to set a fault on that client's
+    /// connections to that node only.
+    ///
+    /// # Panics
+    /// When an index is out of range.
+    pub fn client_proxy(&self, client: usize, node: usize) -> &Proxy {
+        &self.proxies[client][node]
+    }
+
+    /// Fuzzes every connection of `client`: each of its proxies gets `fuzz` with a seed
+    /// derived from the node's index ([`Fuzz::derive`]), so the nodes' schedules differ
+    /// but all replay from `fuzz`'s seed. [`heal_client`](Self::heal_client) ends it.
+    ///
+    /// # Panics
+    /// When `client` is out of range.
+    pub fn fuzz_client(&self, client: usize, fuzz: Fuzz) {
+        for (node, proxy) in (0u64..).zip(&self.proxies[client]) {
+            proxy.set_fault(NetFault::Fuzz(fuzz.derive(node)));
+        }
+    }
+
+    /// Clears the network faults of `client`'s proxies, whoever set them.
+    ///
+    /// # Panics
+    /// When `client` is out of range.
+    pub fn heal_client(&self, client: usize) {
+        self.proxies[client].iter().for_each(Proxy::heal);
     }
 
     /// Applies `fault` to each of `nodes` (indexes), in order; stops at the
-    /// first error. Panics if an index is out of range.
+    /// first error. A network fault applies to every client's proxy of the node.
     ///
     /// Restarts are done when this returns (the node answers again); the
     /// other faults last until [`heal`](Self::heal).
+    ///
+    /// # Panics
+    /// When an index is out of range.
     pub fn inject(&mut self, fault: Fault, nodes: &[usize]) -> Result<()> {
         for &i in nodes {
             let node = self.cluster.node_mut(i);
@@ -141,7 +213,8 @@ impl FaultyCluster {
                 Fault::RestartPersisted => node.restart()?,
                 Fault::Pause => node.pause()?,
                 Fault::Latency { .. } | Fault::Blackhole | Fault::Reset => {
-                    self.proxies[i].set_fault(fault.net_fault().unwrap_or_default());
+                    let net_fault = fault.net_fault().unwrap_or_default();
+                    self.proxies.iter().for_each(|client| client[i].set_fault(net_fault));
                 }
             }
         }
@@ -149,12 +222,15 @@ impl FaultyCluster {
     }
 
     /// Undoes whatever was injected on `nodes`: resumes paused nodes, starts
-    /// killed ones again (same port and data dir), clears proxy faults. Heals
-    /// every node even if one fails; returns the first error.
+    /// killed ones again (same port and data dir), clears every client's proxy
+    /// faults there. Heals every node even if one fails; returns the first error.
+    ///
+    /// # Panics
+    /// When an index is out of range.
     pub fn heal(&mut self, nodes: &[usize]) -> Result<()> {
         let mut first_error = None;
         for &i in nodes {
-            self.proxies[i].heal();
+            self.proxies.iter().for_each(|client| client[i].heal());
             let node = self.cluster.node_mut(i);
             let healed = if node.is_paused() { node.resume() } else { node.start_again() };
             if let Err(e) = healed {

@@ -1,13 +1,9 @@
 //! Waiting until a freshly spawned redis-server answers.
 //!
-//! Raw RESP over TCP rather than the redis client: it is a handful of bytes,
-//! and it lets us tell `-LOADING` (AOF still loading: not ready) from `+PONG`.
+//! Through redis-rs, as the node's clients connect (TLS, password), so that a node is
+//! ready only when a client of the testkit can really use it.
 
-use std::{
-    io::{BufRead, BufReader, Read, Write},
-    net::{Ipv4Addr, SocketAddr, TcpStream},
-    time::Duration,
-};
+use std::time::Duration;
 
 /// What one probe found.
 #[derive(Debug, PartialEq, Eq)]
@@ -20,38 +16,40 @@ pub(crate) enum Probe {
 
 const IO_TIMEOUT: Duration = Duration::from_millis(250);
 
-/// One readiness probe against `port`, expecting the server's pid to be `pid`,
-/// so that a different server that grabbed the port is not mistaken for ours.
-pub(crate) fn probe(port: u16, pid: u32) -> Probe {
-    match try_probe(port, pid) {
-        Ok(true) => Probe::Ready,
+/// One readiness probe with `client`, expecting the server's pid to be `pid`, so
+/// that a different server that grabbed the port is not mistaken for ours.
+pub(crate) fn probe(client: &redis::Client, pid: u32) -> Probe {
+    match try_probe(client) {
+        Ok(info) if is_process(&info, pid) => Probe::Ready,
         _ => Probe::NotYet,
     }
 }
 
-fn try_probe(port: u16, pid: u32) -> std::io::Result<bool> {
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    let stream = TcpStream::connect_timeout(&addr, IO_TIMEOUT)?;
-    stream.set_read_timeout(Some(IO_TIMEOUT))?;
-    stream.set_write_timeout(Some(IO_TIMEOUT))?;
-    (&stream).write_all(b"PING\r\nINFO server\r\n")?;
-    let mut reader = BufReader::new(&stream);
+/// `INFO server` once `PING` answers: PING is refused with `-LOADING` while the
+/// AOF loads, INFO is not, so PING comes first.
+fn try_probe(client: &redis::Client) -> redis::RedisResult<String> {
+    let mut con = client.get_connection_with_timeout(IO_TIMEOUT)?;
+    con.set_read_timeout(Some(IO_TIMEOUT))?;
+    con.set_write_timeout(Some(IO_TIMEOUT))?;
+    redis::cmd("PING").query::<()>(&mut con)?;
+    redis::cmd("INFO").arg("server").query(&mut con)
+}
 
-    let mut line = String::new();
-    reader.read_line(&mut line)?;
-    if line.trim_end() != "+PONG" {
-        // Typically "-LOADING Redis is loading the dataset in memory".
-        return Ok(false);
-    }
-
-    line.clear();
-    reader.read_line(&mut line)?;
-    let Some(len) = line.trim_end().strip_prefix('$').and_then(|n| n.parse::<usize>().ok()) else {
-        return Ok(false);
-    };
-    let mut body = vec![0; len + 2];
-    reader.read_exact(&mut body)?;
-    let body = String::from_utf8_lossy(&body);
+/// Whether an `INFO server` reply is that of process `pid`.
+fn is_process(info: &str, pid: u32) -> bool {
     let wanted = format!("process_id:{pid}");
-    Ok(body.lines().any(|l| l.trim_end() == wanted))
+    info.lines().any(|line| line.trim_end() == wanted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pid_must_match_a_whole_line() {
+        let info = "# Server\r\nredis_version:7.0.15\r\nprocess_id:1234\r\ntcp_port:7000\r\n";
+        assert!(is_process(info, 1234));
+        assert!(!is_process(info, 123));
+        assert!(!is_process(info, 12345));
+    }
 }

@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use redlock_testkit::{Counter, Grant, History, RedisNode};
+use redlock_testkit::{Counter, Grant, History, Mode, RedisNode};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -15,6 +15,17 @@ fn ms(n: u64) -> Duration {
 /// A grant held over `[t0 + from, t0 + until)` in milliseconds.
 fn grant(t0: Instant, client: usize, token: &str, from: u64, until: u64) -> Grant {
     Grant::new(client, token, t0 + ms(from), t0 + ms(until))
+}
+
+/// The violations as sorted `(first token, second token, overlap)`.
+fn overlapping(history: &History) -> Vec<(String, String, Duration)> {
+    let mut pairs: Vec<_> = history
+        .violations()
+        .into_iter()
+        .map(|v| (v.first.token, v.second.token, v.overlap))
+        .collect();
+    pairs.sort();
+    pairs
 }
 
 #[test]
@@ -53,14 +64,8 @@ fn a_window_contained_in_another_and_many_overlaps() {
     history.record(grant(t0, 1, "x", 100, 200));
     history.record(grant(t0, 2, "y", 150, 300));
     history.record(grant(t0, 3, "z", 2000, 3000));
-    let mut pairs: Vec<_> = history
-        .violations()
-        .into_iter()
-        .map(|v| (v.first.token, v.second.token, v.overlap))
-        .collect();
-    pairs.sort();
     assert_eq!(
-        pairs,
+        overlapping(&history),
         [
             ("long".into(), "x".into(), ms(100)),
             ("long".into(), "y".into(), ms(150)),
@@ -109,6 +114,123 @@ fn clones_share_the_record() {
     });
     assert_eq!(history.len(), 4);
     assert_eq!(history.violations().len(), 6);
+}
+
+/// A shared grant held over `[t0 + from, t0 + until)` in milliseconds.
+fn share(t0: Instant, client: usize, token: &str, from: u64, until: u64) -> Grant {
+    Grant::shared(client, token, t0 + ms(from), t0 + ms(until))
+}
+
+#[test]
+fn grants_are_exclusive_unless_made_shared() {
+    let t0 = Instant::now();
+    assert_eq!(grant(t0, 0, "a", 0, 1).mode, Mode::Exclusive);
+    assert_eq!(share(t0, 0, "a", 0, 1).mode, Mode::Shared);
+    assert_eq!(grant(t0, 0, "a", 0, 1).fence, None);
+    assert_eq!(grant(t0, 0, "a", 0, 1).with_fence(7).fence, Some(7));
+}
+
+#[test]
+fn overlapping_shared_grants_are_fine_and_counted() {
+    let t0 = Instant::now();
+    let history = History::new();
+    history.record(share(t0, 0, "a", 0, 100));
+    history.record(share(t0, 1, "b", 50, 150));
+    history.record(share(t0, 2, "c", 60, 70));
+    assert!(history.violations().is_empty());
+    assert_eq!(history.shared_overlaps(), 3);
+}
+
+#[test]
+fn an_exclusive_grant_overlapping_a_shared_or_an_exclusive_one_is_reported() {
+    let t0 = Instant::now();
+    let history = History::new();
+    history.record(share(t0, 0, "r1", 0, 100));
+    history.record(share(t0, 1, "r2", 20, 60));
+    history.record(grant(t0, 2, "w1", 90, 200)); // overlaps r1 by 10
+    history.record(grant(t0, 3, "w2", 150, 300)); // overlaps w1 by 50
+    history.record(share(t0, 4, "r3", 300, 400)); // touches w2 only
+    assert_eq!(
+        overlapping(&history),
+        [("r1".into(), "w1".into(), ms(10)), ("w1".into(), "w2".into(), ms(50))]
+    );
+    assert_eq!(history.shared_overlaps(), 1);
+}
+
+#[test]
+fn a_release_ends_a_write_window_and_one_token_never_conflicts_with_itself() {
+    let t0 = Instant::now();
+    let history = History::new();
+    let w = history.record(grant(t0, 0, "w", 0, 1000));
+    history.record(grant(t0, 0, "w", 500, 1500)); // the same lock, extended
+    history.released(w, t0 + ms(100));
+    history.record(share(t0, 1, "r1", 100, 200)); // after the release
+    history.record(share(t0, 2, "r2", 600, 700)); // inside the extension
+    let violations = history.violations();
+    assert_eq!(violations.len(), 1, "{violations:?}");
+    let v = &violations[0];
+    assert_eq!((v.first.token.as_str(), v.second.token.as_str()), ("w", "r2"));
+    assert!(v.to_string().contains("client 2 (shared token r2)"), "{v}");
+}
+
+/// Fenced grants, each `(token, fence, from, until)`, recorded in the order given.
+fn fenced(grants: &[(&str, u64, u64, u64)]) -> History {
+    let t0 = Instant::now();
+    let history = History::new();
+    for (client, &(token, fence, from, until)) in grants.iter().enumerate() {
+        history.record(grant(t0, client, token, from, until).with_fence(fence));
+    }
+    history
+}
+
+#[test]
+fn increasing_fences_in_grant_order_are_fine() {
+    let history = fenced(&[("a", 1, 0, 100), ("b", 2, 100, 200), ("c", 5, 250, 300)]);
+    assert!(history.fencing_violations().is_empty());
+}
+
+#[test]
+fn a_later_grant_with_a_smaller_or_equal_fence_is_reported_against_the_largest_earlier_one() {
+    // Recorded out of order; "c" starts after both "a" and "b" ended, with a token below b's.
+    let history = fenced(&[("c", 3, 300, 400), ("a", 1, 0, 100), ("b", 9, 100, 200)]);
+    let found = history.fencing_violations();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!((found[0].earlier.token.as_str(), found[0].later.token.as_str()), ("b", "c"));
+    let message = found[0].to_string();
+    assert!(message.contains("client 0 (token c, fence 3) started after client 2"), "{message}");
+
+    // An equal token is not larger either.
+    assert_eq!(fenced(&[("a", 4, 0, 100), ("b", 4, 150, 200)]).fencing_violations().len(), 1);
+}
+
+#[test]
+fn fences_of_overlapping_grants_are_not_ordered_but_a_release_orders_them() {
+    // Overlapping windows have no grant order (exclusion is what is broken there).
+    assert!(fenced(&[("a", 5, 0, 100), ("b", 2, 50, 150)]).fencing_violations().is_empty());
+    // Released early, "a" ended before "b" started: now they are ordered.
+    let t0 = Instant::now();
+    let history = History::new();
+    let a = history.record(grant(t0, 0, "a", 0, 100).with_fence(5));
+    history.record(grant(t0, 1, "b", 50, 150).with_fence(2));
+    history.released(a, t0 + ms(40));
+    assert_eq!(history.fencing_violations().len(), 1);
+}
+
+#[test]
+fn another_record_of_the_same_lock_and_unfenced_or_shared_grants_are_not_compared() {
+    let t0 = Instant::now();
+    let history = History::new();
+    history.record(grant(t0, 0, "a", 0, 100).with_fence(5));
+    history.record(grant(t0, 0, "a", 100, 200).with_fence(5)); // a's extension
+    history.record(grant(t0, 1, "b", 300, 400)); // no fence
+    history.record(share(t0, 2, "r", 400, 500).with_fence(1)); // shared
+    assert!(history.fencing_violations().is_empty(), "{:?}", history.fencing_violations());
+    // But a's own record does not hide an earlier grant of another token.
+    history.record(grant(t0, 3, "x", 0, 50).with_fence(7)); // ended before a's extension
+    let found = history.fencing_violations();
+    let pairs: Vec<_> =
+        found.iter().map(|v| (v.earlier.token.as_str(), v.later.token.as_str())).collect();
+    assert_eq!(pairs, [("x", "a")], "{found:?}");
 }
 
 /// Two threads, `each` increments with `pause` inside, optionally serialized by a mutex.

@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use redlock::{Redlock, Retry};
-use redlock_testkit::Cluster;
+use redlock_testkit::Nodes;
 
 const CLIENTS: usize = 4;
 const TURNS: usize = 3;
@@ -17,16 +17,11 @@ const RESOURCE: &str = "demo:nightly-report";
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let (urls, mut embedded) = match std::env::var("REDLOCK_NODES") {
-        Ok(list) if !list.trim().is_empty() => {
-            (list.split(',').map(|url| url.trim().to_owned()).collect::<Vec<_>>(), None)
-        }
-        _ => {
-            println!("REDLOCK_NODES is not set: starting an embedded five-node cluster");
-            let cluster = Cluster::start(5)?;
-            (cluster.urls(), Some(cluster))
-        }
-    };
+    let mut nodes = Nodes::from_env_or_start(5)?;
+    if nodes.is_local() {
+        println!("REDLOCK_NODES is not set: started an embedded five-node cluster");
+    }
+    let urls = nodes.urls();
     for url in &urls {
         println!("  node {url}");
     }
@@ -81,7 +76,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     lock.release().await?;
 
-    match embedded.as_mut() {
+    match nodes.cluster_mut() {
         Some(cluster) => {
             cluster.node_mut(2).kill()?;
             println!(

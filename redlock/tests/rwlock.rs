@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use redis::Commands;
 use redlock::{ErrorKind, Redlock, Retry};
-use redlock_testkit::{Cluster, Grant, RedisNode, RwHistory, RwMode};
+use redlock_testkit::{Cluster, Grant, History, RedisNode};
 
 /// On how many live, unpaused nodes the hash `key` has `field`.
 fn nodes_with_field(cluster: &Cluster, key: &str, field: &str) -> usize {
@@ -244,7 +244,7 @@ async fn a_waiting_reader_is_woken_when_the_writer_releases_and_a_writer_giving_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_writer_is_not_starved_by_a_steady_stream_of_readers() {
     let cluster = common::cluster(3);
-    let history = RwHistory::new();
+    let history = History::new();
     let stop = Arc::new(AtomicBool::new(false));
     let readers: Vec<_> = (0..4)
         .map(|client| {
@@ -256,8 +256,8 @@ async fn a_writer_is_not_starved_by_a_steady_stream_of_readers() {
                 while !stop.load(Ordering::Relaxed) {
                     let lock = rl.read("doc").await.unwrap();
                     let now = Instant::now();
-                    let grant = Grant::new(client, lock.token(), now, now + lock.validity());
-                    let id = history.record(RwMode::Read, grant);
+                    let grant = Grant::shared(client, lock.token(), now, now + lock.validity());
+                    let id = history.record(grant);
                     tokio::time::sleep(Duration::from_millis(40)).await;
                     history.released(id, Instant::now());
                     lock.release().await.unwrap();
@@ -272,8 +272,7 @@ async fn a_writer_is_not_starved_by_a_steady_stream_of_readers() {
     let lock = writer.write("doc").await.unwrap();
     let now = Instant::now();
     let waited = now - started;
-    let id =
-        history.record(RwMode::Write, Grant::new(99, lock.token(), now, now + lock.validity()));
+    let id = history.record(Grant::new(99, lock.token(), now, now + lock.validity()));
     tokio::time::sleep(Duration::from_millis(20)).await;
     history.released(id, Instant::now());
     lock.release().await.unwrap();
@@ -286,7 +285,7 @@ async fn a_writer_is_not_starved_by_a_steady_stream_of_readers() {
     }
     let violations = history.violations();
     assert!(violations.is_empty(), "{}", violations[0]);
-    assert!(history.shared_reads() > 0, "the readers did share");
+    assert!(history.shared_overlaps() > 0, "the readers did share");
 }
 
 /// Separate clients read and write one resource at random: no write overlaps any other
@@ -296,7 +295,7 @@ async fn a_writer_is_not_starved_by_a_steady_stream_of_readers() {
 async fn contending_readers_and_writers_keep_exclusion() {
     let cluster = common::cluster(3);
     let counter = RedisNode::start().unwrap();
-    let history = RwHistory::new();
+    let history = History::new();
     const CLIENTS: usize = 6;
     const SECTIONS: usize = 12;
     let tasks: Vec<_> = (0..CLIENTS)
@@ -311,7 +310,7 @@ async fn contending_readers_and_writers_keep_exclusion() {
                         let lock = rl.write("counter").await.unwrap();
                         let now = Instant::now();
                         let grant = Grant::new(client, lock.token(), now, now + lock.validity());
-                        let id = history.record(RwMode::Write, grant);
+                        let id = history.record(grant);
                         // A non-atomic read-modify-write: only exclusion keeps it right.
                         let value: i64 = counter.get("count").unwrap_or(0);
                         tokio::time::sleep(Duration::from_millis(2)).await;
@@ -323,8 +322,8 @@ async fn contending_readers_and_writers_keep_exclusion() {
                     } else {
                         let lock = rl.read("counter").await.unwrap();
                         let now = Instant::now();
-                        let grant = Grant::new(client, lock.token(), now, now + lock.validity());
-                        let id = history.record(RwMode::Read, grant);
+                        let grant = Grant::shared(client, lock.token(), now, now + lock.validity());
+                        let id = history.record(grant);
                         let before: Option<i64> = counter.get("count").unwrap();
                         tokio::time::sleep(Duration::from_millis(3)).await;
                         let after: Option<i64> = counter.get("count").unwrap();

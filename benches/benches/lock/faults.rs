@@ -3,14 +3,16 @@
 //! timeout) and a dead node makes every call fail.
 
 use criterion::{BenchmarkId, Criterion, SamplingMode, criterion_group};
-use redlock_benches::{Impl, Nodes, runtime, timed_sequential};
+use redlock_benches::{Impl, runtime, timed_sequential};
+use redlock_testkit::Nodes;
 
 use crate::common;
 
 const FAULTY: usize = 4;
 
 fn faults(c: &mut Criterion) {
-    let mut nodes = Nodes::from_env_or_start(5);
+    let mut nodes =
+        Nodes::from_env_or_start(5).unwrap_or_else(|e| panic!("cannot start the nodes: {e}"));
     if nodes.cluster_mut().is_none() {
         eprintln!("faults: skipped, they need local nodes (REDLOCK_NODES is set)");
         return;

@@ -2,14 +2,16 @@
 //! of up to 10 ms between attempts in every implementation), each releasing at once.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group};
-use redlock_benches::{Impl, Nodes, runtime, timed_concurrent};
+use redlock_benches::{Impl, runtime, timed_concurrent};
+use redlock_testkit::Nodes;
 
 use crate::common;
 
 const WAITERS: usize = 8;
 
 fn hot_key(c: &mut Criterion) {
-    let nodes = Nodes::from_env_or_start(5);
+    let nodes =
+        Nodes::from_env_or_start(5).unwrap_or_else(|e| panic!("cannot start the nodes: {e}"));
     let runtime = runtime(2);
     let urls = nodes.first(5);
     let mut group = c.benchmark_group("hot-key-8-waiters");

@@ -1,12 +1,14 @@
 //! Uncontended lock+release latency for N = 1, 3, 5, 7, 9 nodes, every implementation.
 
 use criterion::{BenchmarkId, Criterion, criterion_group};
-use redlock_benches::{Impl, Nodes, runtime, timed_sequential};
+use redlock_benches::{Impl, runtime, timed_sequential};
+use redlock_testkit::Nodes;
 
 use crate::common;
 
 fn lock_release(c: &mut Criterion) {
-    let nodes = Nodes::from_env_or_start(9);
+    let nodes =
+        Nodes::from_env_or_start(9).unwrap_or_else(|e| panic!("cannot start the nodes: {e}"));
     let runtime = runtime(2);
     let mut group = c.benchmark_group("lock+release");
     common::short(&mut group);

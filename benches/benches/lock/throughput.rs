@@ -1,14 +1,16 @@
 //! 64 concurrent tasks locking and releasing distinct keys on five nodes.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group};
-use redlock_benches::{Impl, Nodes, runtime, timed_concurrent};
+use redlock_benches::{Impl, runtime, timed_concurrent};
+use redlock_testkit::Nodes;
 
 use crate::common;
 
 const TASKS: usize = 64;
 
 fn throughput(c: &mut Criterion) {
-    let nodes = Nodes::from_env_or_start(5);
+    let nodes =
+        Nodes::from_env_or_start(5).unwrap_or_else(|e| panic!("cannot start the nodes: {e}"));
     let runtime = runtime(2);
     let urls = nodes.first(5);
     let mut group = c.benchmark_group("64-tasks");

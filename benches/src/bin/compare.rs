@@ -14,9 +14,10 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use redlock_benches::{
-    Batch, Client, Impl, Nodes, Samples, Settings, fmt_duration, handoff_batch, hot_key_batch,
+    Batch, Client, Impl, Samples, Settings, fmt_duration, handoff_batch, hot_key_batch,
     latency_batch, machine_line, throughput_batch,
 };
+use redlock_testkit::Nodes;
 
 /// The node that is paused or killed in the fault scenarios (of the first five).
 const FAULTY: usize = 4;
@@ -55,7 +56,8 @@ fn main() {
         .enable_all()
         .build()
         .expect("a Tokio runtime");
-    let mut nodes = Nodes::from_env_or_start(9);
+    let mut nodes =
+        Nodes::from_env_or_start(9).unwrap_or_else(|e| panic!("cannot start the nodes: {e}"));
     let machine = machine_line(&nodes.urls()[0]);
     let mut table = Table::default();
     let scale = if options.quick { 4 } else { 1 };

@@ -19,7 +19,8 @@
 
 use std::time::Duration;
 
-use redlock_benches::{Client, Impl, Nodes, Settings};
+use redlock_benches::{Client, Impl, Settings};
+use redlock_testkit::Nodes;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -32,7 +33,8 @@ fn main() {
         eprintln!("{usage}");
         std::process::exit(2);
     };
-    let nodes = Nodes::from_env_or_start(5);
+    let nodes =
+        Nodes::from_env_or_start(5).unwrap_or_else(|e| panic!("cannot start the nodes: {e}"));
     let runtime =
         tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     // Under valgrind everything is ~50x slower: a generous node timeout keeps every node in.

@@ -4,26 +4,27 @@
 //! the test uses, also a current-thread one or one that the test blocks.
 //!
 //! Threads: one accept thread, and two pump threads per connection (one per
-//! direction). A pump reads with a short timeout and keeps the chunks it read
-//! in a queue, each with the instant it is due; it writes them out when due.
-//! So latency delays every chunk without limiting throughput to one chunk per
-//! delay, and the byte order of each direction is kept.
+//! direction, see `pump`).
+
+mod fuzz;
+mod pump;
+mod rng;
 
 use std::{
-    collections::{VecDeque, hash_map::RandomState},
-    fmt,
-    hash::BuildHasher,
-    io::{self, Read, Write},
+    fmt, io,
     net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream},
     sync::{
         Arc, Mutex, MutexGuard, PoisonError,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     thread::{self, JoinHandle},
     time::{Duration, Instant},
 };
 
+pub use fuzz::{FUZZ_SEED_ENV, Fuzz};
+
 use crate::error::{Error, Result};
+use fuzz::Direction;
 
 /// Longest a pump blocks in a read, so it notices shutdown and due chunks.
 const TICK: Duration = Duration::from_millis(10);
@@ -32,7 +33,6 @@ const TICK: Duration = Duration::from_millis(10);
 const UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long `Drop` waits for the threads before leaving them detached.
 const DROP_JOIN_TIMEOUT: Duration = Duration::from_secs(1);
-const BUFFER_SIZE: usize = 16 * 1024;
 
 /// A network fault that a [`Proxy`] applies to its traffic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -61,6 +61,9 @@ pub enum NetFault {
     /// Existing connections are closed at once, new ones are accepted then
     /// closed at once: the client sees its connection reset or ended.
     Reset,
+    /// Random delays, dropped replies and reset requests, drawn from a seed so that
+    /// a failing schedule replays; see [`Fuzz`].
+    Fuzz(Fuzz),
 }
 
 /// A TCP proxy on a free `127.0.0.1` port, forwarding to a node's port, with
@@ -89,6 +92,7 @@ impl Proxy {
             upstream: SocketAddr::from((Ipv4Addr::LOCALHOST, upstream_port)),
             fault: Mutex::new(NetFault::None),
             stopping: AtomicBool::new(false),
+            accepted: AtomicU64::new(0),
             conns: Mutex::new(Vec::new()),
             parked: Mutex::new(Vec::new()),
             threads: Mutex::new(Vec::new()),
@@ -130,7 +134,7 @@ impl Proxy {
         match fault {
             NetFault::Reset => self.shared.close_where(|_| true),
             NetFault::Blackhole => {}
-            NetFault::None | NetFault::Latency { .. } => {
+            NetFault::None | NetFault::Latency { .. } | NetFault::Fuzz(_) => {
                 self.shared.close_where(|conn| conn.lost_bytes.load(Ordering::SeqCst));
             }
         }
@@ -201,6 +205,8 @@ struct Shared {
     upstream: SocketAddr,
     fault: Mutex<NetFault>,
     stopping: AtomicBool,
+    /// How many connections were forwarded: the rank of the next one, for fuzz schedules.
+    accepted: AtomicU64,
     /// Connections being forwarded. Lock order: `fault` before this.
     conns: Mutex<Vec<Arc<Conn>>>,
     /// Connections accepted during a blackhole: held open, never read.
@@ -246,37 +252,12 @@ impl Shared {
         threads.push(handle);
         Ok(())
     }
-
-    /// Whether a chunk just read may be forwarded, and after which delay.
-    fn admit(&self, conn: &Conn, rng: &mut Rng) -> Option<Duration> {
-        let fault = self.fault();
-        match *fault {
-            NetFault::None => Some(Duration::ZERO),
-            NetFault::Latency { fixed, jitter } => Some(fixed + rng.up_to(jitter)),
-            NetFault::Blackhole => {
-                conn.lost_bytes.store(true, Ordering::SeqCst);
-                None
-            }
-            NetFault::Reset => None,
-        }
-    }
-
-    /// Whether a due chunk may be written: a blackhole also loses delayed ones.
-    fn release(&self, conn: &Conn) -> bool {
-        let fault = self.fault();
-        match *fault {
-            NetFault::None | NetFault::Latency { .. } => true,
-            NetFault::Blackhole => {
-                conn.lost_bytes.store(true, Ordering::SeqCst);
-                false
-            }
-            NetFault::Reset => false,
-        }
-    }
 }
 
 /// One client connection and its connection to the node.
 struct Conn {
+    /// Its rank among the connections the proxy forwarded (0 for the first).
+    rank: u64,
     client: TcpStream,
     upstream: TcpStream,
     /// A blackhole dropped bytes of this connection: close it when it ends.
@@ -314,11 +295,12 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
             NetFault::Blackhole => {
                 shared.parked.lock().unwrap_or_else(PoisonError::into_inner).push(client);
             }
-            NetFault::None | NetFault::Latency { .. } => {
+            NetFault::None | NetFault::Latency { .. } | NetFault::Fuzz(_) => {
                 let conn_shared = Arc::clone(shared);
                 let name = format!("proxy-{}-conn", shared.upstream.port());
+                let rank = shared.accepted.fetch_add(1, Ordering::SeqCst);
                 // If no thread can be spawned the client is dropped: closed.
-                let _ = shared.spawn(name, move || connect(client, &conn_shared));
+                let _ = shared.spawn(name, move || connect(client, rank, &conn_shared));
             }
         }
     }
@@ -326,7 +308,7 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
 
 /// Connects to the node, then pumps client → node here and node → client in
 /// a second thread.
-fn connect(client: TcpStream, shared: &Arc<Shared>) {
+fn connect(client: TcpStream, rank: u64, shared: &Arc<Shared>) {
     let Ok(upstream) = TcpStream::connect_timeout(&shared.upstream, UPSTREAM_CONNECT_TIMEOUT)
     else {
         return; // The node is down: the client sees its connection closed.
@@ -340,6 +322,7 @@ fn connect(client: TcpStream, shared: &Arc<Shared>) {
         return;
     }
     let conn = Arc::new(Conn {
+        rank,
         client,
         upstream,
         lost_bytes: AtomicBool::new(false),
@@ -356,112 +339,11 @@ fn connect(client: TcpStream, shared: &Arc<Shared>) {
     }
     let back = {
         let (shared, conn) = (Arc::clone(shared), Arc::clone(&conn));
-        move || pump(upstream_read, &conn.client, &conn, &shared)
+        move || pump::pump(upstream_read, &conn.client, Direction::Reply, &conn, &shared)
     };
     if shared.spawn(format!("proxy-{}-pump", shared.upstream.port()), back).is_err() {
         conn.close();
         return;
     }
-    pump(client_read, &conn.upstream, &conn, shared);
-}
-
-/// Forwards `from` to `to` until either side closes or the connection is closed.
-fn pump(mut from: TcpStream, mut to: &TcpStream, conn: &Conn, shared: &Shared) {
-    let mut rng = Rng::new();
-    let mut queue: VecDeque<(Instant, Vec<u8>)> = VecDeque::new();
-    let mut buf = vec![0; BUFFER_SIZE];
-    let mut last_due = Instant::now();
-    let mut read_timeout = None;
-    let mut eof = false;
-    while !conn.is_closed() && !shared.stopping.load(Ordering::SeqCst) {
-        let now = Instant::now();
-        while queue.front().is_some_and(|(due, _)| *due <= now) {
-            let Some((_, chunk)) = queue.pop_front() else { break };
-            if shared.release(conn) && to.write_all(&chunk).is_err() {
-                conn.close();
-                return;
-            }
-        }
-        let wait = queue.front().map_or(TICK, |(due, _)| due.saturating_duration_since(now));
-        // A zero read timeout is an error; a millisecond is precise enough.
-        let wait = wait.clamp(Duration::from_millis(1), TICK);
-        if eof {
-            // The source ended: deliver what is still delayed, then close.
-            if queue.is_empty() {
-                conn.close();
-                return;
-            }
-            thread::sleep(wait);
-            continue;
-        }
-        if read_timeout != Some(wait) {
-            if from.set_read_timeout(Some(wait)).is_err() {
-                conn.close();
-                return;
-            }
-            read_timeout = Some(wait);
-        }
-        match from.read(&mut buf) {
-            Ok(0) => eof = true,
-            Ok(n) => {
-                if let Some(delay) = shared.admit(conn, &mut rng) {
-                    let due = (Instant::now() + delay).max(last_due);
-                    last_due = due;
-                    queue.push_back((due, buf[..n].to_vec()));
-                }
-            }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
-                ) => {}
-            Err(_) => {
-                conn.close();
-                return;
-            }
-        }
-    }
-}
-
-/// Xorshift64: jitter needs no quality, only no extra dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn new() -> Rng {
-        // RandomState is randomly seeded per process and per instance; `| 1`: never zero.
-        Rng(RandomState::new().hash_one(0u8) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    /// Uniform in `[0, max]`.
-    fn up_to(&mut self, max: Duration) -> Duration {
-        if max.is_zero() {
-            return Duration::ZERO;
-        }
-        // The top 53 bits as a fraction in [0, 1).
-        max.mul_f64((self.next() >> 11) as f64 / (1u64 << 53) as f64)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn jitter_stays_in_bounds_and_varies() {
-        let mut rng = Rng::new();
-        let max = Duration::from_millis(10);
-        let draws: Vec<_> = (0..1000).map(|_| rng.up_to(max)).collect();
-        assert!(draws.iter().all(|d| *d <= max));
-        assert!(draws.iter().any(|d| *d < max / 4) && draws.iter().any(|d| *d > max * 3 / 4));
-        assert_eq!(rng.up_to(Duration::ZERO), Duration::ZERO);
-    }
+    pump::pump(client_read, &conn.upstream, Direction::Request, &conn, shared);
 }

@@ -94,15 +94,12 @@ async fn main() -> ExitCode {
 
     println!("{}", markdown(&reports));
     let failed: Vec<_> = reports.iter().filter(|r| r.verdict().is_err()).collect();
-    if failed.is_empty() {
-        eprintln!("{} scenarios passed", reports.len());
-        ExitCode::SUCCESS
-    } else {
-        for r in &failed {
-            eprintln!("{}: {}", r.scenario.name, r.verdict().err().unwrap_or_default());
-        }
-        fail(&format!("{} of {} scenarios failed", failed.len(), reports.len()))
+    for r in &failed {
+        eprintln!("{}: {}", r.scenario.name, r.verdict().err().unwrap_or_default());
     }
+    // The closing line CI looks for.
+    println!("compose: {} passed, {} failed", reports.len() - failed.len(), failed.len());
+    if failed.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }
 
 fn fail(why: &str) -> ExitCode {

@@ -9,6 +9,10 @@
 //!   read-modify-write of a counter on a separate Redis; overlapping sections lose updates,
 //!   so the final counter must equal the number of sections.
 //!
+//! Every lock kind runs under the faults that matter ([`Kind`]): read shares are checked
+//! as shared windows (they may overlap each other, never a write), and only exclusive
+//! holders update the counter.
+//!
 //! [`matrix()`] lists the scenarios; [`run`] runs one; [`markdown`] prints a table of
 //! reports. `cargo test -p redlock-chaos` runs a bounded version; the `chaos` binary runs the
 //! full matrix for longer and prints the table.
@@ -21,4 +25,4 @@ mod scenario;
 
 pub use report::{Report, markdown};
 pub use run::run;
-pub use scenario::{Expect, Scenario, matrix};
+pub use scenario::{Expect, Kind, Scenario, matrix};

@@ -13,10 +13,16 @@ pub struct Report {
     pub scenario: Scenario,
     /// Locks granted.
     pub grants: usize,
+    /// Pairs of read shares that overlapped (read-write scenarios): evidence that readers
+    /// did share.
+    pub shared_overlaps: usize,
     /// Locks granted while the fault was in force.
     pub granted_while_faulted: u64,
     /// Attempts refused (held by another client, nodes unavailable, lease used up).
     pub refused: u64,
+    /// Grants whose fencing token was not larger than that of a grant that ended before
+    /// they started.
+    pub fencing_violations: usize,
     /// Pairs of grants whose validity windows overlapped.
     pub violations: Vec<Violation>,
     /// Critical sections whose counter update was lost.
@@ -32,7 +38,8 @@ pub struct Report {
 impl Report {
     /// Whether the run showed what the scenario expects; `Err` says what differed.
     pub fn verdict(&self) -> Result<(), String> {
-        let broken = !self.violations.is_empty() || self.lost_updates > 0;
+        let broken =
+            !self.violations.is_empty() || self.lost_updates > 0 || self.fencing_violations > 0;
         match self.scenario.expect {
             Expect::Available if broken => Err(format!("exclusion broke: {}", self.summary())),
             Expect::Available if self.grants == 0 => Err("no lock was granted".to_owned()),
@@ -50,7 +57,8 @@ impl Report {
                 Err("the stalled client did not write late".to_owned())
             }
             Expect::StaleWrite
-                if self.scenario.fenced && (self.rejected_writes == 0 || self.lost_updates > 0) =>
+                if self.scenario.fenced()
+                    && (self.rejected_writes == 0 || self.lost_updates > 0) =>
             {
                 Err(format!("fencing did not stop the late write: {}", self.summary()))
             }
@@ -63,8 +71,9 @@ impl Report {
 
     fn summary(&self) -> String {
         format!(
-            "{} violations, {} lost updates, {} stale writes, {} rejected",
+            "{} violations, {} fencing-order violations, {} lost updates, {} stale writes, {} rejected",
             self.violations.len(),
+            self.fencing_violations,
             self.lost_updates,
             self.stale_writes,
             self.rejected_writes
@@ -75,13 +84,13 @@ impl Report {
 /// A Markdown table of reports, one row each.
 pub fn markdown(reports: &[Report]) -> String {
     let mut table = String::from(
-        "| scenario | fault | grants | during fault | refused | violations | lost updates | stale writes | fenced rejects | keys left | verdict |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+        "| scenario | kind | fault | grants | during fault | refused | shared overlaps | violations | token order | lost updates | stale writes | fenced rejects | keys left | verdict |\n\
+         |---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for r in reports {
         let verdict = match (r.verdict(), r.scenario.expect) {
             (Ok(()), Expect::Violation) => "weakness shown".to_owned(),
-            (Ok(()), Expect::StaleWrite) if r.scenario.fenced => "late write rejected".to_owned(),
+            (Ok(()), Expect::StaleWrite) if r.scenario.fenced() => "late write rejected".to_owned(),
             (Ok(()), Expect::StaleWrite) => "expired lease (needs fencing)".to_owned(),
             (Ok(()), Expect::Unavailable) => "unavailable, safe".to_owned(),
             (Ok(()), Expect::Available) => "ok".to_owned(),
@@ -89,13 +98,16 @@ pub fn markdown(reports: &[Report]) -> String {
         };
         let _ = writeln!(
             table,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.scenario.name,
+            r.scenario.kind.name(),
             r.scenario.fault_label(),
             r.grants,
             r.granted_while_faulted,
             r.refused,
+            r.shared_overlaps,
             r.violations.len(),
+            r.fencing_violations,
             r.lost_updates,
             r.stale_writes,
             r.rejected_writes,

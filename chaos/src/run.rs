@@ -8,16 +8,27 @@ use rand::Rng;
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use redlock::fence::{FencedWrite, fenced_set};
-use redlock::{Lock, Redlock};
+use redlock::{Guard, Lock, MultiLock, ReadLock, Redlock, ReentrantLock, WriteLock};
 use redlock_testkit::{FaultyCluster, Grant, History, NodeConfig, Persistence, RedisNode};
 
 use crate::report::Report;
-use crate::scenario::Scenario;
+use crate::scenario::{Kind, Scenario};
 
 const NODES: usize = 5;
 const CLIENTS: usize = 4;
 const RESOURCE: &str = "chaos:job";
 const COUNTER: &str = "chaos:counter";
+/// The second resource of the multi-resource kind.
+const SECOND: &str = "chaos:job2";
+
+/// A hold of any kind.
+enum Held {
+    Plain(Lock),
+    Reentrant(ReentrantLock),
+    Multi(MultiLock),
+    Read(ReadLock),
+    Write(WriteLock),
+}
 
 /// What the clients count, shared.
 #[derive(Default)]
@@ -116,12 +127,14 @@ pub async fn run(scenario: &Scenario, duration: Duration) -> Report {
 
     // Let releases queued behind faults drain, then look for leftovers.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let keys_left = cluster.cluster().count_key(RESOURCE);
+    let keys_left = cluster.cluster().count_key(RESOURCE) + cluster.cluster().count_key(SECOND);
     let counter = store.get(COUNTER).ok().flatten().and_then(|v| v.parse().ok()).unwrap_or(0);
     let sections = tally.sections.load(Ordering::Relaxed);
     Report {
         scenario: scenario.clone(),
         grants: history.len(),
+        shared_overlaps: history.shared_overlaps(),
+        fencing_violations: history.fencing_violations().len(),
         granted_while_faulted: tally.granted_while_faulted.load(Ordering::Relaxed),
         refused: tally.refused.load(Ordering::Relaxed),
         violations: history.violations(),
@@ -162,54 +175,102 @@ impl Client {
             .await
             .unwrap_or_else(|err| panic!("counter node: {err}"));
         let mut stall_pending = self.scenario.stall && self.id == 0;
+        let owner = format!("client-{}", self.id);
+        let pair: [&str; 2] =
+            if self.id.is_multiple_of(2) { [RESOURCE, SECOND] } else { [SECOND, RESOURCE] };
+        // Read-write: the first two clients read, the others write.
+        let reader = self.scenario.kind == Kind::ReadWrite && self.id < 2;
         while Instant::now() < self.deadline {
             let attempt_started = Instant::now();
-            let attempt = if self.scenario.fenced {
-                self.rl.try_lock(RESOURCE).fenced().await
-            } else {
-                self.rl.try_lock(RESOURCE).await
-            };
-            let lock = match attempt {
-                Ok(lock) => lock,
-                Err(_) => {
-                    self.tally.refused.fetch_add(1, Ordering::Relaxed);
-                    let pause = rand::rng().random_range(2..10);
-                    tokio::time::sleep(Duration::from_millis(pause)).await;
-                    continue;
-                }
-            };
-            let granted_at = Instant::now();
-            if self.window.covers(attempt_started, granted_at) {
-                self.tally.granted_while_faulted.fetch_add(1, Ordering::Relaxed);
-            }
-            let grant = Grant::new(self.id, lock.token(), granted_at, granted_at + lock.validity());
-            let id = self.history.record(grant);
             let hold = if std::mem::take(&mut stall_pending) {
                 self.scenario.ttl * 2
             } else {
                 self.scenario.section
             };
-            self.critical_section(&mut store, &lock, hold).await;
-            self.history.released(id, Instant::now());
-            // The lock may have expired (a stall): the release then reports it; either way
-            // the keys are gone or going.
-            let _ = lock.release().await;
+            let held = match self.scenario.kind {
+                Kind::Plain => self.rl.try_lock(RESOURCE).await.map(Held::Plain),
+                Kind::Fenced => self.rl.try_lock(RESOURCE).fenced().await.map(Held::Plain),
+                Kind::Reentrant => {
+                    self.rl.reentrant(RESOURCE, &owner).once().await.map(Held::Reentrant)
+                }
+                Kind::Multi => self.rl.many(&pair).once().await.map(Held::Multi),
+                Kind::ReadWrite if reader => self.rl.read(RESOURCE).once().await.map(Held::Read),
+                Kind::ReadWrite => self.rl.write(RESOURCE).once().await.map(Held::Write),
+            };
+            let outcome = match held {
+                Ok(Held::Plain(lock)) => self.hold(lock, attempt_started, hold, &mut store).await,
+                Ok(Held::Reentrant(lock)) => {
+                    // Re-enter once: the inner hold must come and go without touching the
+                    // outer one's count.
+                    let inner = self.rl.reentrant(RESOURCE, &owner).once().await;
+                    if let Ok(inner) = inner {
+                        let _ = inner.release().await;
+                    }
+                    self.hold(lock, attempt_started, hold, &mut store).await
+                }
+                Ok(Held::Multi(lock)) => self.hold(lock, attempt_started, hold, &mut store).await,
+                Ok(Held::Read(lock)) => self.share(lock, hold).await,
+                Ok(Held::Write(lock)) => self.hold(lock, attempt_started, hold, &mut store).await,
+                Err(_) => Err(()),
+            };
+            if outcome.is_err() {
+                self.tally.refused.fetch_add(1, Ordering::Relaxed);
+                let pause = rand::rng().random_range(2..10);
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+                continue;
+            }
             // Step back a moment, so that the others get their turn.
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
+    }
+
+    /// An exclusive hold: recorded, a critical section on the counter, released.
+    async fn hold<G: Guard>(
+        &self,
+        lock: G,
+        attempt_started: Instant,
+        hold: Duration,
+        store: &mut MultiplexedConnection,
+    ) -> Result<(), ()> {
+        let granted_at = Instant::now();
+        if self.window.covers(attempt_started, granted_at) {
+            self.tally.granted_while_faulted.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut grant = Grant::new(self.id, lock.token(), granted_at, granted_at + lock.validity());
+        if let Some(fence) = lock.fencing_token() {
+            grant = grant.with_fence(fence);
+        }
+        let id = self.history.record(grant);
+        self.critical_section(store, &lock, hold).await;
+        self.history.released(id, Instant::now());
+        // The lock may have expired (a stall): the release then reports it; either way
+        // the keys are gone or going.
+        let _ = lock.release().await;
+        Ok(())
+    }
+
+    /// A read share: recorded as shared, held, released; it writes nothing.
+    async fn share(&self, lock: ReadLock, hold: Duration) -> Result<(), ()> {
+        let granted_at = Instant::now();
+        let grant = Grant::shared(self.id, lock.token(), granted_at, granted_at + lock.validity());
+        let id = self.history.record(grant);
+        tokio::time::sleep(hold * 2).await;
+        self.history.released(id, Instant::now());
+        let _ = lock.release().await;
+        Ok(())
     }
 
     /// A non-atomic read-modify-write of the counter: correct only under exclusion.
     async fn critical_section(
         &self,
         store: &mut MultiplexedConnection,
-        lock: &Lock,
+        lock: &impl Guard,
         hold: Duration,
     ) {
         let Ok(value) = store.get::<_, Option<u64>>(COUNTER).await else { return };
         let next = value.unwrap_or(0) + 1;
         tokio::time::sleep(hold).await;
-        if !lock.is_valid() {
+        if lock.validity().is_zero() {
             // Writing after the lease: outside the model; the history check cannot see it.
             self.tally.stale_writes.fetch_add(1, Ordering::Relaxed);
         }

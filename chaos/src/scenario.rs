@@ -18,6 +18,35 @@ pub enum Expect {
     StaleWrite,
 }
 
+/// Which lock kind the clients take: every kind keeps exclusion under the same faults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// `try_lock`: plain locks.
+    Plain,
+    /// `try_lock(..).fenced()`: writes go through the fenced helper, which rejects any
+    /// write whose token is older than the last one written.
+    Fenced,
+    /// `reentrant(.., owner)`: each client is its own owner and re-enters once per hold.
+    Reentrant,
+    /// `many(..)`: two resources at once, taken in opposite orders by odd and even clients.
+    Multi,
+    /// `read` / `write`: two clients read (shares overlap), two write (exclusive).
+    ReadWrite,
+}
+
+impl Kind {
+    /// A short stable name, for tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Plain => "plain",
+            Kind::Fenced => "fenced",
+            Kind::Reentrant => "reentrant",
+            Kind::Multi => "multi",
+            Kind::ReadWrite => "read-write",
+        }
+    }
+}
+
 /// One scenario: a fault on some nodes, and how the clients are configured.
 #[derive(Clone, Debug)]
 pub struct Scenario {
@@ -42,8 +71,8 @@ pub struct Scenario {
     pub section: Duration,
     /// Whether client 0 stalls past its lease in its first critical section.
     pub stall: bool,
-    /// Whether clients take fencing tokens and write through the fenced helper.
-    pub fenced: bool,
+    /// The lock kind the clients take.
+    pub kind: Kind,
     /// What the scenario must show.
     pub expect: Expect,
 }
@@ -66,9 +95,14 @@ impl Scenario {
             persistent: false,
             section: Duration::from_millis(2),
             stall: false,
-            fenced: false,
+            kind: Kind::Plain,
             expect,
         }
+    }
+
+    /// Whether clients take fencing tokens.
+    pub fn fenced(&self) -> bool {
+        self.kind == Kind::Fenced
     }
 
     /// A short description of the fault and its nodes.
@@ -151,7 +185,33 @@ pub fn matrix() -> Vec<Scenario> {
         ..Scenario::base("stalled-client", None, &[], StaleWrite)
     };
     all.push(stalled.clone());
-    all.push(Scenario { name: "stalled-client+fencing", fenced: true, ..stalled });
+    all.push(Scenario { name: "stalled-client+fencing", kind: Kind::Fenced, ..stalled });
+    all.extend(other_kinds(latency));
+    all
+}
+
+/// The faults that matter most, for every kind built on the plain lock: a minority killed,
+/// paused, partitioned, reset or slowed (available, exclusive), and a majority killed
+/// (unavailable, exclusive).
+fn other_kinds(latency: Fault) -> Vec<Scenario> {
+    let mut all = Vec::new();
+    for kind in [Kind::Fenced, Kind::Reentrant, Kind::Multi, Kind::ReadWrite] {
+        let of_kind = |name: String, fault, nodes, expect| Scenario {
+            kind,
+            ..Scenario::base(leak(format!("{}/{name}", kind.name())), fault, nodes, expect)
+        };
+        all.push(of_kind("baseline".into(), None, &[], Expect::Available));
+        for fault in [Fault::Kill, Fault::Pause, Fault::Blackhole, Fault::Reset, latency] {
+            let name = format!("minority-2-{}", fault.name());
+            all.push(of_kind(name, Some(fault), &[0, 3], Expect::Available));
+        }
+        all.push(of_kind(
+            "majority-kill".into(),
+            Some(Fault::Kill),
+            &[0, 2, 4],
+            Expect::Unavailable,
+        ));
+    }
     all
 }
 

@@ -13,16 +13,21 @@
 //! as shared windows (they may overlap each other, never a write), and only exclusive
 //! holders update the counter.
 //!
+//! [`fuzz()`] is the interleaving fuzzer: short randomized schedules of a few clients over
+//! every kind, through proxies that delay, drop and reset each message (see its module).
+//!
 //! [`matrix()`] lists the scenarios; [`run`] runs one; [`markdown`] prints a table of
 //! reports. `cargo test -p redlock-chaos` runs a bounded version; the `chaos` binary runs the
 //! full matrix for longer and prints the table.
 
 #![warn(missing_docs)]
 
+mod fuzz;
 mod report;
 mod run;
 mod scenario;
 
+pub use fuzz::{FuzzConfig, FuzzKind, FuzzReport, fuzz};
 pub use report::{Report, markdown};
 pub use run::run;
 pub use scenario::{Expect, Kind, Scenario, matrix};

@@ -210,8 +210,9 @@ pub async fn fuzz(config: &FuzzConfig) -> FuzzReport {
         *report.failures.entry(name).or_default() += outcome.failures;
         report.violations.extend(outcome.violations);
     }
-    // Keys left behind: checked once every schedule's leases have run out.
-    tokio::time::sleep(MAX_TTL + Duration::from_millis(300)).await;
+    // Keys left behind: checked once every schedule's leases have run out (and the guards
+    // left to expire were dropped, at twice their lease).
+    tokio::time::sleep(MAX_TTL * 2 + Duration::from_millis(300)).await;
     report.violations.extend(leftovers(faulty.cluster(), &inspect));
     report.elapsed = started.elapsed();
     report
@@ -434,8 +435,14 @@ impl Actor {
                 Ok(())
             }
             Ending::Expire => {
-                // Never released: its keys must go with the lease.
-                std::mem::forget(lock);
+                // Never released: its keys must go with the lease. The guard is dropped
+                // only once its lease is long over everywhere (a drop releases, and that
+                // release must find nothing).
+                let over = lock.ttl() * 2;
+                tokio::spawn(async move {
+                    tokio::time::sleep(over).await;
+                    drop(lock);
+                });
                 Ok(())
             }
         }

@@ -346,4 +346,8 @@ fn connect(client: TcpStream, rank: u64, shared: &Arc<Shared>) {
         return;
     }
     pump::pump(client_read, &conn.upstream, Direction::Request, &conn, shared);
+    // Ended: closed connections leave the list, or their sockets would stay open for the
+    // proxy's whole life (thousands of connections in a fuzz run).
+    conn.close();
+    shared.conns().retain(|conn| !conn.is_closed());
 }

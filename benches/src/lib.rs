@@ -1,5 +1,5 @@
 //! Shared pieces of the benchmarks: the implementations under comparison, the
-//! scenario runners and the statistics. Used by the criterion benches (`benches/lock.rs`)
+//! scenario runners and the statistics. Used by the criterion benches (`criterion/lock/`)
 //! and by the comparison binary (`src/bin/compare.rs`).
 //!
 //! The implementations ([`Impl`]) all run against the same node URLs:

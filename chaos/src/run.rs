@@ -182,11 +182,8 @@ impl Client {
         let reader = self.scenario.kind == Kind::ReadWrite && self.id < 2;
         while Instant::now() < self.deadline {
             let attempt_started = Instant::now();
-            let hold = if std::mem::take(&mut stall_pending) {
-                self.scenario.ttl * 2
-            } else {
-                self.scenario.section
-            };
+            // The stall applies to the first hold actually granted.
+            let hold = if stall_pending { self.scenario.ttl * 2 } else { self.scenario.section };
             let held = match self.scenario.kind {
                 Kind::Plain => self.rl.try_lock(RESOURCE).await.map(Held::Plain),
                 Kind::Fenced => self.rl.try_lock(RESOURCE).fenced().await.map(Held::Plain),
@@ -213,7 +210,9 @@ impl Client {
                 Ok(Held::Write(lock)) => self.hold(lock, attempt_started, hold, &mut store).await,
                 Err(_) => Err(()),
             };
-            if outcome.is_err() {
+            if outcome.is_ok() {
+                stall_pending = false;
+            } else {
                 self.tally.refused.fetch_add(1, Ordering::Relaxed);
                 let pause = rand::rng().random_range(2..10);
                 tokio::time::sleep(Duration::from_millis(pause)).await;

@@ -132,11 +132,11 @@ async fn validity_accounts_for_slow_nodes() {
     rl.try_lock("warm").await.unwrap().release().await.unwrap();
     // Two of three nodes answer only after 300 ms: the quorum needs one of them.
     let slow = Duration::from_millis(300);
-    let slowdown = common::Slowdown::start(&mut cluster, &[1, 2], slow);
+    let slowdown = cluster.pause_for(&[1, 2], slow).unwrap();
     let started = Instant::now();
     let lock = rl.try_lock("k").await.unwrap();
     let elapsed = started.elapsed();
-    slowdown.finish(&mut cluster);
+    slowdown.join().unwrap();
     let drift = ttl.mul_f64(0.01) + Duration::from_millis(2);
     assert!(elapsed >= slow);
     assert!(
@@ -154,9 +154,9 @@ async fn latency_that_eats_the_lease_is_refused_not_granted_expired() {
     let ttl = Duration::from_millis(200);
     let rl = common::builder(&cluster, Duration::from_secs(2)).ttl(ttl).build().unwrap();
     rl.try_lock("warm").await.unwrap().release().await.unwrap();
-    let slowdown = common::Slowdown::start(&mut cluster, &[1, 2], Duration::from_millis(300));
+    let slowdown = cluster.pause_for(&[1, 2], Duration::from_millis(300)).unwrap();
     let err = rl.try_lock("k").await.unwrap_err();
-    slowdown.finish(&mut cluster);
+    slowdown.join().unwrap();
     assert_eq!(err.kind(), ErrorKind::Expired, "{err}");
     assert!(err.granted() >= 2, "{err}");
     assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("k") == 0).await);

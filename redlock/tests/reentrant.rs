@@ -150,9 +150,9 @@ async fn a_late_acquisition_on_a_slow_node_is_released_with_its_hold() {
     let first = rl.reentrant("job", "a").ttl(lease).once().await.unwrap();
     counts_become(&cluster, "job", "a", &[Some(1); 5]).await;
 
-    let slow = common::Slowdown::start(&mut cluster, &[0], Duration::from_millis(400));
+    let slow = cluster.pause_for(&[0], Duration::from_millis(400)).unwrap();
     let second = rl.reentrant("job", "a").ttl(lease).once().await.unwrap();
-    slow.finish(&mut cluster);
+    slow.join().unwrap();
     // Node 0 ran the queued acquisition after waking up.
     counts_become(&cluster, "job", "a", &[Some(2); 5]).await;
 

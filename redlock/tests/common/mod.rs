@@ -62,39 +62,3 @@ pub fn subscribers(cluster: &Cluster, key: &str) -> Vec<i64> {
         })
         .collect()
 }
-
-/// Nodes that answer only after a delay: paused now, resumed by a plain thread after
-/// `delay`, so that a request in flight sees slow nodes rather than dead ones.
-pub struct Slowdown {
-    nodes: Vec<usize>,
-    wakers: Vec<std::thread::JoinHandle<()>>,
-}
-
-impl Slowdown {
-    pub fn start(cluster: &mut Cluster, nodes: &[usize], delay: Duration) -> Self {
-        let wakers = nodes
-            .iter()
-            .map(|&i| {
-                cluster.node_mut(i).pause().unwrap();
-                let pid = nix::unistd::Pid::from_raw(
-                    i32::try_from(cluster.node(i).pid().unwrap()).unwrap(),
-                );
-                std::thread::spawn(move || {
-                    std::thread::sleep(delay);
-                    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
-                })
-            })
-            .collect();
-        Self { nodes: nodes.to_vec(), wakers }
-    }
-
-    /// Waits for the wake-ups and brings the testkit's bookkeeping up to date.
-    pub fn finish(self, cluster: &mut Cluster) {
-        for waker in self.wakers {
-            waker.join().unwrap();
-        }
-        for i in self.nodes {
-            cluster.node_mut(i).resume().unwrap();
-        }
-    }
-}

@@ -116,21 +116,23 @@ impl Ttl {
     }
 }
 
+/// A configuration for unit tests: a 10 s lease, 50 ms node timeout, the given prefix.
+#[cfg(test)]
+pub(crate) fn config(prefix: &str) -> Config {
+    Config {
+        ttl: Ttl::new(Duration::from_secs(10), 0.01).unwrap(),
+        node_timeout: Duration::from_millis(50),
+        connect_timeout: Duration::from_secs(1),
+        drift_factor: 0.01,
+        retry: Retry::default(),
+        key_prefix: prefix.to_owned(),
+        restart_quarantine: Duration::ZERO,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn config(prefix: &str) -> Config {
-        Config {
-            ttl: Ttl::new(Duration::from_secs(10), 0.01).unwrap(),
-            node_timeout: Duration::from_millis(50),
-            connect_timeout: Duration::from_secs(1),
-            drift_factor: 0.01,
-            retry: Retry::default(),
-            key_prefix: prefix.to_owned(),
-            restart_quarantine: Duration::ZERO,
-        }
-    }
 
     #[test]
     fn the_deadline_is_the_validity_from_the_rounds_start() {

@@ -270,13 +270,7 @@ impl<P: Protocol> Claim<P> {
         let requests: Vec<_> = (0..n)
             .map(|i| {
                 let proto = self.proto.clone();
-                let request = Request {
-                    node: i,
-                    op: Op::Check,
-                    command: command.clone(),
-                    after: Vec::new(),
-                    slot: Slot::new(),
-                };
+                let request = Request::check(i, command.clone());
                 request.send(&self.core, move |reply| proto.answer(Op::Check, reply))
             })
             .collect();

@@ -46,10 +46,9 @@ use crate::error::{Error, ErrorKind, NodeOutcome};
 use crate::quorum::{Settled, Tally};
 
 use super::Core;
-use super::protocol::{Answer, Op};
+use super::protocol::Answer;
 use super::request::Request;
 use super::round;
-use super::slot::Slot;
 
 /// The key of the fencing counter of the lock key `key`.
 pub(crate) fn counter_key(key: &str) -> String {
@@ -112,13 +111,7 @@ where
     let requests: Vec<_> = (0..core.nodes.len())
         .map(|i| {
             // Quarantined nodes may have lost their counters: their answers do not count.
-            let request = Request {
-                node: i,
-                op: Op::Check,
-                command: command.clone(),
-                after: Vec::new(),
-                slot: Slot::new(),
-            };
+            let request = Request::check(i, command.clone());
             request.send(core, read.clone())
         })
         .collect();

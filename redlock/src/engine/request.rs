@@ -32,6 +32,12 @@ pub(crate) struct Request {
 }
 
 impl Request {
+    /// A read-only check of node `node`, ordered after nothing: it changes nothing, so it
+    /// may overtake whatever is in flight.
+    pub(crate) fn check(node: usize, command: Arc<Command>) -> Request {
+        Request { node, op: Op::Check, command, after: Vec::new(), slot: Slot::new() }
+    }
+
     /// The request as a future answering `(node, outcome)`; `read` says what the reply
     /// means.
     pub(crate) fn send<R>(

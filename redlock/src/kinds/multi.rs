@@ -156,19 +156,9 @@ impl MultiLock {
 mod tests {
     use super::*;
     use crate::engine::protocol::testing::reply;
-    use crate::retry::Retry;
-    use std::time::Duration;
 
     fn config() -> Config {
-        Config {
-            ttl: Ttl::new(Duration::from_secs(10), 0.01).unwrap(),
-            node_timeout: Duration::from_millis(50),
-            connect_timeout: Duration::from_secs(1),
-            drift_factor: 0.01,
-            retry: Retry::default(),
-            key_prefix: "p:".to_owned(),
-            restart_quarantine: Duration::ZERO,
-        }
+        crate::config::config("p:")
     }
 
     #[test]

@@ -42,7 +42,7 @@ static FENCED_SET: LazyLock<redis::Script> =
 /// Cluster hash slot as `key` (`key` + `:fence` when `key` has a hash tag, `{key}:fence`
 /// otherwise). Keys that contain braces without a valid hash tag are not supported on a
 /// Redis Cluster (give them a tag).
-pub fn counter_key(key: &str) -> String {
+pub fn token_key(key: &str) -> String {
     if has_hash_tag(key) { format!("{key}:fence") } else { format!("{{{key}}}:fence") }
 }
 
@@ -53,7 +53,7 @@ fn has_hash_tag(key: &str) -> bool {
 }
 
 /// Sets `key` to `value` only if `token` is at least the highest token used on `key`
-/// before (kept in [`counter_key`]`(key)`), atomically, in one script. Equal tokens are
+/// before (kept in [`token_key`]`(key)`), atomically, in one script. Equal tokens are
 /// accepted, so one holder may write several times under one lock. Tokens are compared
 /// as numbers of any size (as digit strings, never as Lua doubles).
 ///
@@ -82,7 +82,7 @@ pub async fn fenced_set<C: ConnectionLike>(
 ) -> redis::RedisResult<FencedWrite> {
     let written: i64 = FENCED_SET
         .key(key)
-        .key(counter_key(key))
+        .key(token_key(key))
         .arg(value)
         .arg(token.to_string())
         .invoke_async(connection)
@@ -96,9 +96,9 @@ mod tests {
 
     #[test]
     fn the_counter_stays_in_the_values_hash_slot() {
-        assert_eq!(counter_key("invoice:7"), "{invoice:7}:fence");
-        assert_eq!(counter_key("{orders}:7"), "{orders}:7:fence");
-        assert_eq!(counter_key("a{}b"), "{a{}b}:fence");
+        assert_eq!(token_key("invoice:7"), "{invoice:7}:fence");
+        assert_eq!(token_key("{orders}:7"), "{orders}:7:fence");
+        assert_eq!(token_key("a{}b"), "{a{}b}:fence");
         assert!(!has_hash_tag("a{b"));
         assert!(has_hash_tag("x{b}y"));
     }

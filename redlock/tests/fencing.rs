@@ -149,3 +149,38 @@ async fn the_counter_is_raised_on_a_quorum_before_the_token_is_handed_out() {
     assert!(raised >= 3, "the counter was raised on a quorum");
     second.release().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_counter_of_another_type_fails_the_grant_and_leaves_no_key() {
+    let cluster = common::cluster(3);
+    let rl = common::client(&cluster);
+    for i in 0..3 {
+        common::run(&cluster, i, &["HSET", "redlock:fence:k", "f", "v"]);
+    }
+    let err = rl.try_lock("k").fenced().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::WrongType, "{err}");
+    assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("k") == 0).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_resource_name_reaches_a_fencing_counter() {
+    let cluster = common::cluster(3);
+    let rl = common::client(&cluster);
+    let counter = "redlock:fence:k";
+    let err = rl.try_lock(counter).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config);
+    // A resource whose name ends like the old counter key is just another resource.
+    rl.try_lock("k:fence").await.unwrap().release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_writes_compare_tokens_beyond_two_to_the_53() {
+    let store = RedisNode::start().unwrap();
+    let mut con = store.client().unwrap().get_multiplexed_async_connection().await.unwrap();
+    // 2^53 + 1 and 2^53 are the same Lua double; as numbers they differ.
+    let high = (1u64 << 53) + 1;
+    assert_eq!(fenced_set(&mut con, "v", b"new", high).await.unwrap(), FencedWrite::Written);
+    assert_eq!(fenced_set(&mut con, "v", b"old", high - 1).await.unwrap(), FencedWrite::Rejected);
+    assert_eq!(fenced_set(&mut con, "v", b"max", u64::MAX).await.unwrap(), FencedWrite::Written);
+    assert_eq!(store.get("v").unwrap().as_deref(), Some("max"));
+}

@@ -114,8 +114,8 @@ async fn fencing_tokens_follow_grant_order_under_delays() {
     let clients = 3;
     let faulty = FaultyCluster::start_for_clients(3, clients, Default::default()).unwrap();
     // Failed attempts of the past left the counters apart.
-    let counter = redlock::fence::counter_key("res");
-    common::run(faulty.cluster(), 0, &["SET", &counter, "9"]);
+    let counter = "redlock:fence:res";
+    common::run(faulty.cluster(), 0, &["SET", counter, "9"]);
     let history = History::new();
     let mut tasks = Vec::new();
     for c in 0..clients {

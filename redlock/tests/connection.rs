@@ -43,7 +43,8 @@ async fn every_node_reconnects_after_a_restart() {
         .await
     );
     lock.release().await.unwrap();
-    assert_eq!(cluster.count_key("k"), 0);
+    // Decided at the quorum: the last node's release may still be on its way.
+    assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("k") == 0).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -54,7 +55,8 @@ async fn a_restart_between_lock_and_release_still_releases_everywhere() {
     cluster.node_mut(1).restart().unwrap();
     // Node 1 lost the key (no persistence) and its script cache; the others release.
     lock.release().await.unwrap();
-    assert_eq!(cluster.count_key("k"), 0);
+    // Decided at the quorum: the last node's release may still be on its way.
+    assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("k") == 0).await);
     let lock = rl.try_lock("k").await.unwrap();
     let err_free = lock.release().await;
     assert!(err_free.is_ok());

@@ -22,7 +22,8 @@ async fn a_killed_minority_does_not_prevent_the_lock() {
         let rl = common::builder(&cluster, NODE_TIMEOUT).build().unwrap();
         let lock = rl.try_lock("k").await.unwrap_or_else(|err| panic!("killed {killed:?}: {err}"));
         lock.release().await.unwrap();
-        assert_eq!(cluster.count_key("k"), 0);
+        // Decided at the quorum; the last live node's release may still be on its way.
+        assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("k") == 0).await);
     }
 }
 

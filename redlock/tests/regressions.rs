@@ -50,7 +50,8 @@ async fn a_stale_reentrant_hold_released_late_leaves_the_new_hold_alone() {
     assert_eq!(other.kind(), ErrorKind::NotAcquired);
     assert!(fresh.is_held().await.unwrap());
     fresh.release().await.unwrap();
-    assert_eq!(cluster.count_key("job"), 0);
+    // Decided at the quorum: the last node's release may still be on its way.
+    assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("job") == 0).await);
 }
 
 // 2. A release whose connection drops after the node ran it must not run twice.

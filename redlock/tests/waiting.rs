@@ -111,7 +111,8 @@ async fn a_dropped_waiter_leaves_no_lock_and_no_subscription() {
     );
     assert_eq!(cluster.nodes_holding("k", lock.token()).len(), 3);
     lock.release().await.unwrap();
-    assert_eq!(cluster.count_key("k"), 0);
+    // Decided at the quorum: the last node's release may still be on its way.
+    assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("k") == 0).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

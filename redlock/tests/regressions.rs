@@ -42,6 +42,7 @@ async fn a_stale_reentrant_hold_released_late_leaves_the_new_hold_alone() {
     let stale = rl.reentrant("job", "job-7").ttl(Duration::from_millis(300)).await.unwrap();
     assert!(common::eventually(Duration::from_secs(2), || cluster.count_key("job") == 0).await);
     let fresh = rl.reentrant("job", "job-7").ttl(Duration::from_secs(10)).await.unwrap();
+    assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("job") == 3).await);
 
     let err = stale.release().await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotHeld);
@@ -61,11 +62,18 @@ async fn a_reentrant_release_cut_after_it_ran_is_not_applied_twice() {
     let rl = patient(faulty.urls(), Duration::from_secs(10), Duration::from_secs(3));
     let first = rl.reentrant("job", "job-7").await.unwrap();
     let second = rl.reentrant("job", "job-7").await.unwrap();
+    // Granted at the quorum: let the last node's acquisitions land before the faults.
+    let both_everywhere = || {
+        let nodes = faulty.cluster().hash_fields("job").unwrap_or_default();
+        nodes.iter().flatten().filter(|fields| fields.len() == 2).count() == 3
+    };
+    assert!(common::eventually(Duration::from_secs(1), both_everywhere).await);
 
     for i in 0..3 {
         let fault = NetFault::Latency { fixed: Duration::from_millis(300), jitter: Duration::ZERO };
         faulty.proxy(i).set_fault(fault);
     }
+    let first_token = first.token().to_owned();
     let release = tokio::spawn(first.release());
     // The request reached the nodes at ~300 ms; the reply is on its way until ~600 ms.
     tokio::time::sleep(Duration::from_millis(450)).await;
@@ -78,9 +86,15 @@ async fn a_reentrant_release_cut_after_it_ran_is_not_applied_twice() {
 
     // Whatever the client concluded, the second hold is intact on every node.
     let cluster = faulty.cluster();
-    for fields in cluster.hash_fields("job").unwrap() {
-        let fields = fields.expect("the key is still on every node");
-        assert!(fields.keys().any(|f| f.contains(second.token())), "{fields:?}");
+    let everywhere = cluster.hash_fields("job").unwrap();
+    for fields in &everywhere {
+        let fields = fields.as_ref().expect("the key is still on every node");
+        assert!(
+            fields.keys().any(|f| f.contains(second.token())),
+            "second {} first {first_token}: {everywhere:?} pttl {:?}",
+            second.token(),
+            cluster.pttls("job")
+        );
     }
     let other = patient(faulty.urls(), Duration::from_secs(10), Duration::from_secs(1));
     let err = other.reentrant("job", "job-8").await.unwrap_err();

@@ -14,9 +14,9 @@ use crate::error::{Error, ErrorKind, NodeOutcome, Result};
 use crate::quorum::{self, Settled};
 
 use super::Core;
+use super::call::NodeCall;
 use super::fencing;
 use super::protocol::{Op, Protocol};
-use super::request::Request;
 use super::round::{self, Place, Round};
 use super::slot::Slot;
 use super::undo::Tracked;
@@ -163,7 +163,7 @@ impl<P: Protocol> Claim<P> {
             after.push(previous);
         }
         let proto = self.proto.clone();
-        let request = Request { node: i, op, command: command.clone(), after, slot };
+        let request = NodeCall { node: i, op, command: command.clone(), after, slot };
         request.send(&self.core, move |reply| proto.answer(op, reply))
     }
 
@@ -270,7 +270,7 @@ impl<P: Protocol> Claim<P> {
         let requests: Vec<_> = (0..n)
             .map(|i| {
                 let proto = self.proto.clone();
-                let request = Request::check(i, command.clone());
+                let request = NodeCall::check(i, command.clone());
                 request.send(&self.core, move |reply| proto.answer(Op::Check, reply))
             })
             .collect();

@@ -46,8 +46,8 @@ use crate::error::{Error, ErrorKind, NodeOutcome};
 use crate::quorum::{Settled, Tally};
 
 use super::Core;
+use super::call::NodeCall;
 use super::protocol::Answer;
-use super::request::Request;
 use super::round;
 
 /// The key of the fencing counter of the lock key `key`.
@@ -111,7 +111,7 @@ where
     let requests: Vec<_> = (0..core.nodes.len())
         .map(|i| {
             // Quarantined nodes may have lost their counters: their answers do not count.
-            let request = Request::check(i, command.clone());
+            let request = NodeCall::check(i, command.clone());
             request.send(core, read.clone())
         })
         .collect();

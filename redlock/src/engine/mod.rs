@@ -6,11 +6,11 @@
 //! A kind only says what to send to one node and what the reply means ([`Protocol`]).
 //! Nothing in here knows the client or the builder.
 
+mod call;
 pub(crate) mod claim;
 mod fencing;
 mod notify;
 pub(crate) mod protocol;
-mod request;
 mod round;
 mod slot;
 mod undo;
@@ -164,7 +164,7 @@ impl Drop for GiveUp<'_> {
                 let after = core.undos.pending(i, &self.keys);
                 let slot = slot::Slot::new();
                 tracked.push(core.undos.track(i, &self.keys, &slot));
-                let request = request::Request {
+                let request = call::NodeCall {
                     node: i,
                     op: Op::Release,
                     command: command.clone(),

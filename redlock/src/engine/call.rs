@@ -1,4 +1,5 @@
-//! One request to one node, and the ordering rules every request follows:
+//! One call to one node (a command and what it must wait for), and the ordering rules
+//! every call follows:
 //!
 //! - it goes out only after the requests it must follow on that node are over (`after`):
 //!   for an undo, the request it undoes; for an acquisition, this client's undos still in
@@ -20,8 +21,8 @@ use super::Core;
 use super::protocol::{Answer, Op};
 use super::slot::{self, SettleOnDrop, Slot};
 
-/// A request to node `node`, ready to be sent.
-pub(crate) struct Request {
+/// A call to node `node`, ready to be sent.
+pub(crate) struct NodeCall {
     pub(crate) node: usize,
     pub(crate) op: Op,
     pub(crate) command: Arc<Command>,
@@ -31,11 +32,11 @@ pub(crate) struct Request {
     pub(crate) slot: Arc<Slot>,
 }
 
-impl Request {
+impl NodeCall {
     /// A read-only check of node `node`, ordered after nothing: it changes nothing, so it
     /// may overtake whatever is in flight.
-    pub(crate) fn check(node: usize, command: Arc<Command>) -> Request {
-        Request { node, op: Op::Check, command, after: Vec::new(), slot: Slot::new() }
+    pub(crate) fn check(node: usize, command: Arc<Command>) -> NodeCall {
+        NodeCall { node, op: Op::Check, command, after: Vec::new(), slot: Slot::new() }
     }
 
     /// The request as a future answering `(node, outcome)`; `read` says what the reply

@@ -87,6 +87,7 @@
 //! - Nodes are told apart by `host:port`: two names for one server (`localhost` and
 //!   `127.0.0.1`) are not detected and would give that server two votes.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations)]
 #![warn(clippy::future_not_send)]
@@ -110,6 +111,8 @@ mod quarantine;
 mod quorum;
 mod request;
 mod retry;
+mod secret;
+mod server;
 mod tasks;
 mod token;
 

@@ -329,7 +329,12 @@ async fn open(
         if err.code().is_none() {
             return Err(unreachable(err));
         }
-        tracing::debug!(target: "redlock", %err, "scripts not preloaded");
+        tracing::warn!(
+            target: "redlock",
+            %err,
+            "scripts not preloaded (an ACL user without `script|load`?): they still run, but \
+             a release queued behind a SET on a hung node may then be lost"
+        );
     }
     let reply = connection.send_packed_command(redis::cmd("INFO").arg("server")).await;
     let replied_at = Instant::now();

@@ -97,7 +97,8 @@
 //! `redlock:released:` + prefix channels, the commands the scripts run, and `info` for
 //! the server check and [restart quarantine](RedlockBuilder::restart_quarantine). A user
 //! without the channels still releases; its waiters poll. Passwords are never printed:
-//! URLs show as `redis://user:***@host:6379` in every `Debug`, error and log field.
+//! URLs show as `redis://user:***@host:6379`, and errors and logs name nodes by
+//! `host:port/db`.
 //!
 //! # Shutdown
 //! [`Redlock::shutdown`] before the process exits: a lock dropped without `release()` is

@@ -2,8 +2,8 @@
 //! lock is still granted by the quorum.
 //!
 //! ```text
-//! cargo run -p redlock --example demo                      # embedded five-node cluster
-//! REDLOCK_NODES=redis://127.0.0.1:7001,... cargo run -p redlock --example demo
+//! cargo run -p redlock-quorum --example demo                      # embedded five-node cluster
+//! REDLOCK_NODES=redis://127.0.0.1:7001,... cargo run -p redlock-quorum --example demo
 //! ```
 
 use std::time::{Duration, Instant};

@@ -10,6 +10,7 @@ use crate::engine::Core;
 use crate::error::{Error, Result};
 use crate::node::Node;
 use crate::retry::Retry;
+use crate::secret::{RedactedUrls, redact_url};
 use crate::tasks::Tasks;
 
 impl Redlock {
@@ -30,6 +31,11 @@ impl Redlock {
 /// - `retry`: [`Retry::default()`]
 /// - `key_prefix`: none (the key is the resource name)
 /// - `restart_quarantine`: off (`Duration::ZERO`)
+/// - TLS (`rediss://` nodes, with a TLS feature): the system's root certificates (with
+///   `tls-rustls-webpki-roots`, the Mozilla roots), no client certificate
+///
+/// `Debug` never prints a password: node URLs show as `redis://user:***@host:6379`, and a
+/// client key as its length.
 ///
 /// ```
 /// use std::time::Duration;
@@ -45,10 +51,11 @@ impl Redlock {
 /// assert_eq!(rl.quorum(), 2);
 /// # Ok::<(), redlock::Error>(())
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 #[must_use = "a builder does nothing until build() is called"]
 pub struct RedlockBuilder {
     nodes: Vec<String>,
+    tls: TlsOptions,
     ttl: Duration,
     node_timeout: Duration,
     connect_timeout: Duration,
@@ -62,6 +69,7 @@ impl Default for RedlockBuilder {
     fn default() -> Self {
         Self {
             nodes: Vec::new(),
+            tls: TlsOptions::default(),
             ttl: Duration::from_secs(10),
             node_timeout: Duration::from_millis(50),
             connect_timeout: Duration::from_secs(1),
@@ -73,14 +81,54 @@ impl Default for RedlockBuilder {
     }
 }
 
+impl std::fmt::Debug for RedlockBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedlockBuilder")
+            .field("nodes", &RedactedUrls(&self.nodes))
+            .field("tls", &self.tls)
+            .field("ttl", &self.ttl)
+            .field("node_timeout", &self.node_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("drift_factor", &self.drift_factor)
+            .field("retry", &self.retry)
+            .field("key_prefix", &self.key_prefix)
+            .field("restart_quarantine", &self.restart_quarantine)
+            .finish()
+    }
+}
+
+/// The certificates for `rediss://` nodes; PEM bytes.
+#[derive(Clone, Default)]
+struct TlsOptions {
+    root_ca: Option<Vec<u8>>,
+    /// Certificate (chain) and private key.
+    client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for TlsOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let bytes = |pem: &Vec<u8>| format!("<{} bytes of PEM>", pem.len());
+        f.debug_struct("TlsOptions")
+            .field("root_ca", &self.root_ca.as_ref().map(bytes))
+            .field("client_cert", &self.client.as_ref().map(|(cert, _)| bytes(cert)))
+            .field("client_key", &self.client.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+/// Whether the library was built with TLS.
+const TLS_COMPILED: bool = cfg!(any(feature = "tls-rustls", feature = "tls-native-tls"));
+
 impl RedlockBuilder {
     /// A builder with the defaults and no nodes.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// The independent masters, as `redis://[user:password@]host:port[/db]` URLs (or
-    /// `rediss://` where TLS is compiled into `redis`). Adds to any nodes given before.
+    /// The independent masters, as `redis://[user:password@]host:port[/db]` URLs, or
+    /// `rediss://` for TLS (with the `tls-rustls`, `tls-rustls-webpki-roots` or
+    /// `tls-native-tls` feature; without one, `build()` refuses them). Adds to any nodes
+    /// given before. Passwords are never printed (see [`RedlockBuilder`]).
     pub fn nodes<I>(mut self, urls: I) -> Self
     where
         I: IntoIterator,
@@ -145,11 +193,32 @@ impl RedlockBuilder {
         self
     }
 
+    /// Trusts the CA certificate(s) in `pem` (PEM, one or more certificates) for every
+    /// `rediss://` node, besides the default roots.
+    #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+    pub fn tls_root_ca(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls.root_ca = Some(pem.into());
+        self
+    }
+
+    /// Presents a client certificate (mutual TLS) to every `rediss://` node: `cert_pem` the
+    /// certificate (chain), `key_pem` its private key, both PEM. The key is never printed.
+    #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+    pub fn tls_client_cert(
+        mut self,
+        cert_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls.client = Some((cert_pem.into(), key_pem.into()));
+        self
+    }
+
     /// Checks the configuration and creates the client. Fails with
     /// [`ErrorKind::Config`](crate::ErrorKind::Config) for no nodes, an unparsable or
     /// duplicate URL, a TTL that rounds to zero milliseconds (or is absurdly long) or leaves
     /// nothing after the drift allowance, a zero timeout, a drift factor outside `[0, 1)`
-    /// or a retry policy that never starts or never ends.
+    /// or a retry policy that never starts or never ends, and for a `rediss://` node when
+    /// the library was built without a TLS feature.
     pub fn build(self) -> Result<Redlock> {
         if self.nodes.is_empty() {
             return Err(Error::config("no nodes given"));
@@ -168,7 +237,7 @@ impl RedlockBuilder {
             connect_timeout: self.connect_timeout,
             drift_factor: self.drift_factor,
             retry: self.retry,
-            key_prefix: self.key_prefix,
+            key_prefix: self.key_prefix.clone(),
             restart_quarantine: self.restart_quarantine,
         };
         // The prefix alone must make a valid key.
@@ -178,8 +247,7 @@ impl RedlockBuilder {
         let mut seen = HashSet::new();
         let mut nodes = Vec::with_capacity(self.nodes.len());
         for (i, url) in self.nodes.iter().enumerate() {
-            let client = redis::Client::open(url.as_str())
-                .map_err(|err| Error::config(format!("node {i}: unparsable URL: {err}")))?;
+            let client = self.client(i, url)?;
             let node =
                 Node::new(client, config.connect_timeout, config.restart_quarantine, tasks.clone());
             if !seen.insert(node.address()) {
@@ -190,6 +258,71 @@ impl RedlockBuilder {
             nodes.push(Arc::new(node));
         }
         Ok(Redlock::from_core(Core::new(nodes, config, tasks)))
+    }
+
+    /// The client of node `i`, with the TLS options for a `rediss://` URL.
+    fn client(&self, i: usize, url: &str) -> Result<redis::Client> {
+        let unparsable = |err: redis::RedisError| {
+            // redis-rs does not print the URL; the redacted one says which node it was.
+            Error::config(format!("node {i}: unparsable URL {}: {err}", redact_url(url)))
+        };
+        let is_tls = url.get(..9).is_some_and(|scheme| scheme.eq_ignore_ascii_case("rediss://"));
+        if !is_tls {
+            return redis::Client::open(url).map_err(unparsable);
+        }
+        if !TLS_COMPILED {
+            return Err(Error::config(format!(
+                "node {i}: {} is a TLS node, and this build of redlock-quorum has no TLS: \
+                 enable its `tls-rustls` (or `tls-native-tls`) feature",
+                redact_url(url)
+            )));
+        }
+        tls::ensure_crypto_provider();
+        if self.tls.root_ca.is_none() && self.tls.client.is_none() {
+            return redis::Client::open(url).map_err(unparsable);
+        }
+        tls::client(url, &self.tls).map_err(|err| {
+            Error::config(format!("node {i}: {}: TLS certificates refused: {err}", redact_url(url)))
+        })
+    }
+}
+
+/// TLS set-up, with whichever TLS feature is on.
+#[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+mod tls {
+    use super::TlsOptions;
+
+    /// rustls needs a process-wide crypto provider, and redis-rs leaves the choice to the
+    /// application: install ring's unless the application installed one (never panics;
+    /// losing a race to another installer is fine, one is installed either way).
+    pub(super) fn ensure_crypto_provider() {
+        #[cfg(feature = "tls-rustls")]
+        if rustls::crypto::CryptoProvider::get_default().is_none() {
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+    }
+
+    pub(super) fn client(url: &str, tls: &TlsOptions) -> redis::RedisResult<redis::Client> {
+        let certificates = redis::TlsCertificates {
+            client_tls: tls.client.as_ref().map(|(cert, key)| redis::ClientTlsConfig {
+                client_cert: cert.clone(),
+                client_key: key.clone(),
+            }),
+            root_cert: tls.root_ca.clone(),
+        };
+        redis::Client::build_with_tls(url, certificates)
+    }
+}
+
+/// Without a TLS feature `build()` refuses `rediss://` before getting here.
+#[cfg(not(any(feature = "tls-rustls", feature = "tls-native-tls")))]
+mod tls {
+    use super::TlsOptions;
+
+    pub(super) fn ensure_crypto_provider() {}
+
+    pub(super) fn client(url: &str, _: &TlsOptions) -> redis::RedisResult<redis::Client> {
+        redis::Client::open(url)
     }
 }
 
@@ -229,6 +362,30 @@ mod tests {
         assert!(config_error(three().drift_factor(-0.1)).contains("drift_factor"));
         assert!(config_error(three().drift_factor(f64::NAN)).contains("drift_factor"));
         assert!(config_error(three().retry(Retry::new().with_max_attempts(0))).contains("retry"));
+    }
+
+    #[test]
+    fn tls_nodes_need_a_tls_feature() {
+        let builder = three().nodes(["rediss://:s3cret@127.0.0.1:4"]);
+        if TLS_COMPILED {
+            assert_eq!(builder.build().unwrap().node_count(), 4);
+        } else {
+            let message = config_error(builder);
+            assert!(message.contains("node 3") && message.contains("tls-rustls"), "{message}");
+            assert!(message.contains("rediss://:***@127.0.0.1:4"), "{message}");
+        }
+    }
+
+    #[test]
+    fn debug_and_errors_never_show_a_password() {
+        let builder = three().nodes(["redis://app:s3cret@127.0.0.1:4", "redis://:s3cret@[::1"]);
+        let debug = format!("{builder:?}");
+        assert!(debug.contains("redis://app:***@127.0.0.1:4"), "{debug}");
+        let message = config_error(builder);
+        assert!(message.contains("node 4"), "{message}");
+        for printed in [debug, message] {
+            assert!(!printed.contains("s3cret"), "{printed}");
+        }
     }
 
     #[test]

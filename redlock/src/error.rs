@@ -294,7 +294,24 @@ impl fmt::Display for Error {
         for (label, count) in counts.into_iter().filter(|&(_, count)| count > 0) {
             write!(f, "; {label} {count}")?;
         }
-        write!(f, "; after {:?})", round.elapsed)
+        write!(f, "; after {:?})", round.elapsed)?;
+        // What the failing nodes said, once per distinct reason: the reason is what an
+        // operator acts on (a refused certificate, a missing ACL permission).
+        let mut reasons: Vec<(String, Vec<&str>)> = Vec::new();
+        for report in round.nodes.iter() {
+            if !matches!(report.outcome, NodeOutcome::Unreachable(_) | NodeOutcome::Failed(_)) {
+                continue;
+            }
+            let reason = report.outcome.to_string();
+            match reasons.iter_mut().find(|(seen, _)| *seen == reason) {
+                Some((_, nodes)) => nodes.push(&report.node),
+                None => reasons.push((reason, vec![&report.node])),
+            }
+        }
+        for (reason, nodes) in reasons {
+            write!(f, " [{}: {reason}]", nodes.join(", "))?;
+        }
+        Ok(())
     }
 }
 

@@ -25,6 +25,8 @@
 //!     Err(err) if err.kind() == ErrorKind::NotAcquired => println!("busy: {err}"),
 //!     Err(err) => return Err(err),
 //! }
+//! // Before exiting: releases what is still held, waits for background releases.
+//! rl.shutdown(Duration::from_secs(2)).await?;
 //! # Ok(())
 //! # }
 //! ```
@@ -75,8 +77,33 @@
 //! resource, outcome, elapsed time and each node's outcome.
 //!
 //! # Requirements
-//! Redis 7.0 or later on every node (for `SET ... NX GET`), and a Tokio runtime with its
-//! timer enabled (`enable_time()` or `enable_all()`, as `#[tokio::main]` does).
+//! Redis 7.0 or later (or Valkey) on every node (for `SET ... NX GET`; every new connection
+//! reads `INFO server` and refuses an older server), and a Tokio runtime with its timer
+//! enabled (`enable_time()` or `enable_all()`, as `#[tokio::main]` does).
+//!
+//! # Features
+//! - `tls-rustls`: `rediss://` nodes over rustls; a default crypto provider (ring) is
+//!   installed when the application has none. Adds `RedlockBuilder::tls_root_ca` and
+//!   `RedlockBuilder::tls_client_cert` (mutual TLS) for every `rediss://` node.
+//! - `tls-rustls-webpki-roots`: the same, trusting the Mozilla roots compiled in.
+//! - `tls-native-tls`: `rediss://` over the platform's TLS library.
+//!
+//! Without one, [`build()`](RedlockBuilder::build) refuses `rediss://` nodes with an
+//! [`ErrorKind::Config`] error naming the feature.
+//!
+//! # ACL users and secrets
+//! The permissions an ACL user needs are listed in the README's "ACL users" section:
+//! keys under the prefix (and `redlock:fence:` + prefix for fencing), the
+//! `redlock:released:` + prefix channels, the commands the scripts run, and `info` for
+//! the server check and [restart quarantine](RedlockBuilder::restart_quarantine). A user
+//! without the channels still releases; its waiters poll. Passwords are never printed:
+//! URLs show as `redis://user:***@host:6379`, and errors and logs name nodes by
+//! `host:port/db`.
+//!
+//! # Shutdown
+//! [`Redlock::shutdown`] before the process exits: a lock dropped without `release()` is
+//! released in the background, and a process that exits first leaves its key for the
+//! whole lease.
 //!
 //! # Limits worth knowing
 //! - A hung node's connection is kept, not replaced: commands on one connection run in
@@ -87,6 +114,7 @@
 //! - Nodes are told apart by `host:port`: two names for one server (`localhost` and
 //!   `127.0.0.1`) are not detected and would give that server two votes.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations)]
 #![warn(clippy::future_not_send)]
@@ -110,6 +138,8 @@ mod quarantine;
 mod quorum;
 mod request;
 mod retry;
+mod secret;
+mod server;
 mod tasks;
 mod token;
 
@@ -135,7 +165,7 @@ pub type AutoWriteLock = AutoLock<WriteLock>;
 
 /// The README's examples, compiled as doctests so that they cannot rot.
 #[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
+#[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
 /// Compile-time proof that every public future and guard is `Send` (and the guards

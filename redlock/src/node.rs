@@ -21,6 +21,7 @@ use redis::{AsyncConnectionConfig, Client, Cmd, RedisError, Value};
 use crate::command::{self, Command, Resend};
 use crate::error::NodeOutcome;
 use crate::quarantine;
+use crate::server;
 use crate::tasks::Tasks;
 
 /// Why a request to a node did not produce a reply.
@@ -275,8 +276,7 @@ impl Node {
         let task = self.tasks.spawn_with_handle(async move {
             let open = open(&client, timeout, quarantine, &quarantined_until);
             match tokio::time::timeout(timeout, open).await {
-                Ok(Ok(connection)) => Ok(connection),
-                Ok(Err(err)) => Err(Failure::Unreachable(err.to_string().into())),
+                Ok(result) => result,
                 Err(_) => Err(Failure::Unreachable("connect timed out".into())),
             }
         });
@@ -305,31 +305,77 @@ impl Node {
     }
 }
 
-/// Connects, preloads the scripts and, with restart quarantine on, reads the node's uptime.
+/// Connects, preloads the scripts, and checks the server from its `INFO server` (where the
+/// user may read it): a server this library cannot work with is refused, and with restart
+/// quarantine on, the node's uptime sets its quarantine.
 async fn open(
     client: &Client,
     timeout: Duration,
     quarantine: Duration,
     quarantined_until: &Mutex<Option<Instant>>,
-) -> Result<MultiplexedConnection, RedisError> {
+) -> Result<MultiplexedConnection, Failure> {
+    let unreachable = |err: RedisError| Failure::Unreachable(err.to_string().into());
     let config = AsyncConnectionConfig::new()
         // Room for many requests queued to a hung node: a release that cannot be queued
         // behind its SET before its timeout is lost, and the SET then outlives it.
         .set_pipeline_buffer_size(PIPELINE_BUFFER)
         .set_connection_timeout(Some(timeout))
         .set_response_timeout(None);
-    let mut connection = client.get_multiplexed_async_connection_with_config(&config).await?;
+    let mut connection =
+        client.get_multiplexed_async_connection_with_config(&config).await.map_err(unreachable)?;
     // Before any command of ours: see the command module for why this is safety.
     if let Err(err) = load_scripts().query_async::<()>(&mut connection).await {
         // A node that refuses SCRIPT LOAD still works through EVAL on demand.
         if err.code().is_none() {
-            return Err(err);
+            return Err(unreachable(err));
         }
-        tracing::debug!(target: "redlock", %err, "scripts not preloaded");
+        tracing::warn!(
+            target: "redlock",
+            %err,
+            "scripts not preloaded (an ACL user without `script|load`?): they still run, but \
+             a release queued behind a SET on a hung node may then be lost"
+        );
     }
+    let reply = connection.send_packed_command(redis::cmd("INFO").arg("server")).await;
+    let replied_at = Instant::now();
+    let info = match reply {
+        Ok(Value::ServerError(err)) => Err(Failure::from_redis(&err.into())),
+        Ok(value) => Ok(redis::from_redis_value::<String>(value).unwrap_or_else(|err| {
+            tracing::warn!(target: "redlock", %err, "unexpected INFO server reply");
+            String::new()
+        })),
+        Err(err) if err.code().is_some() => Err(Failure::from_redis(&err)),
+        Err(err) => return Err(unreachable(err)),
+    };
+    let info = match info {
+        Ok(info) => info,
+        Err(failure) if quarantine.is_zero() => {
+            // Only the server check is skipped: nothing else needs INFO.
+            tracing::debug!(target: "redlock", ?failure, "INFO server refused: server not checked");
+            return Ok(connection);
+        }
+        Err(Failure::Server { code, message }) => {
+            return Err(Failure::Server {
+                message: format!(
+                    "{message} (restart_quarantine needs the `info` command: allow `+info` for \
+                     this user, or turn restart_quarantine off)"
+                )
+                .into(),
+                code,
+            });
+        }
+        Err(failure) => return Err(failure),
+    };
+    server::parse(&info)
+        .check()
+        .map_err(|why| Failure::Server { code: "UNSUPPORTED".into(), message: why.into() })?;
     if !quarantine.is_zero() {
-        let end = read_quarantine_end(&mut connection, quarantine).await?;
-        *lock_ignoring_poison(quarantined_until) = end;
+        let uptime = quarantine::parse_uptime(&info).unwrap_or_else(|| {
+            // Without an uptime, the safe assumption is a process that just started.
+            tracing::warn!(target: "redlock", "INFO server reports no uptime: assuming a restart");
+            Duration::ZERO
+        });
+        *lock_ignoring_poison(quarantined_until) = quarantine::end(replied_at, uptime, quarantine);
     }
     Ok(connection)
 }
@@ -346,22 +392,6 @@ fn load_scripts() -> redis::Pipeline {
         pipe.add_command(script.load()).ignore();
     }
     pipe
-}
-
-/// Asks a freshly opened connection how long its node has been up.
-async fn read_quarantine_end(
-    connection: &mut MultiplexedConnection,
-    quarantine: Duration,
-) -> Result<Option<Instant>, RedisError> {
-    let reply = connection.send_packed_command(redis::cmd("INFO").arg("server")).await?;
-    let replied_at = Instant::now();
-    let info: String = redis::from_redis_value(reply)?;
-    let uptime = quarantine::parse_uptime(&info).unwrap_or_else(|| {
-        // Without an uptime, the safe assumption is a process that just started.
-        tracing::warn!(target: "redlock", "INFO server reports no uptime: assuming a restart");
-        Duration::ZERO
-    });
-    Ok(quarantine::end(replied_at, uptime, quarantine))
 }
 
 enum Sent {

@@ -1,0 +1,367 @@
+//! ACL users: the README's minimal rule set is enough for every kind; a user without the
+//! release channels still releases (`Ok`, key gone, one warning per node) and its waiters
+//! poll; a user without `INFO` gets a message naming it when restart quarantine needs it;
+//! a key pattern that excludes the prefix is `Unavailable` with every node's `NOPERM`.
+
+mod common;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use redlock::{ErrorKind, NodeOutcome, Redlock, RedlockBuilder, Retry};
+use redlock_testkit::Cluster;
+
+const PASSWORD: &str = "acl-pass";
+
+/// The README's "ACL users" rule set for the key prefix `app:` (keep the two in step).
+const MINIMAL: &[&str] = &[
+    "~app:*",
+    "~redlock:fence:app:*",
+    "&redlock:released:app:*",
+    "+get",
+    "+set",
+    "+del",
+    "+hset",
+    "+hdel",
+    "+hgetall",
+    "+pexpire",
+    "+pexpireat",
+    "+time",
+    "+publish",
+    "+eval",
+    "+evalsha",
+    "+script|load",
+    "+subscribe",
+    "+unsubscribe",
+    "+info",
+];
+
+/// `MINIMAL` with `drop` left out and `add` added.
+fn rules(drop: &[&str], add: &[&'static str]) -> Vec<&'static str> {
+    let mut rules: Vec<&str> =
+        MINIMAL.iter().copied().filter(|rule| !drop.contains(rule)).collect();
+    rules.extend_from_slice(add);
+    rules
+}
+
+/// Three nodes with the ACL user `name` and a builder connecting as it (prefix `app:`).
+fn cluster_as(name: &str, rules: &[&str]) -> (Cluster, RedlockBuilder) {
+    let cluster = common::cluster(3);
+    for node in cluster.nodes() {
+        node.acl_setuser(name, PASSWORD, rules).unwrap();
+    }
+    let urls: Vec<String> =
+        cluster.nodes().iter().map(|node| node.url_as(name, PASSWORD)).collect();
+    let builder = Redlock::builder()
+        .nodes(urls)
+        .key_prefix("app:")
+        .node_timeout(Duration::from_millis(500))
+        .retry(Retry::never());
+    (cluster, builder)
+}
+
+/// Every log line of every test in this file, from trace level on.
+fn logs() -> &'static Arc<Mutex<Vec<u8>>> {
+    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let buffer = Arc::new(Mutex::new(Vec::new()));
+        let writer = buffer.clone();
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_ansi(false)
+            .with_writer(move || Buffer(writer.clone()))
+            .init();
+        buffer
+    })
+}
+
+struct Buffer(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Buffer {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_with_the_minimal_rules_can_use_every_kind() {
+    let (cluster, builder) = cluster_as("minimal", MINIMAL);
+    let rl = builder.build().unwrap();
+
+    let mut lock = rl.lock("plain").await.unwrap();
+    lock.extend(Duration::from_secs(10)).await.unwrap();
+    lock.release().await.unwrap();
+    let mut outer = rl.reentrant("reentrant", "job").await.unwrap();
+    let inner = rl.reentrant("reentrant", "job").await.unwrap();
+    inner.release().await.unwrap();
+    outer.extend(Duration::from_secs(10)).await.unwrap();
+    outer.release().await.unwrap();
+    let mut many = rl.many(&["a", "b"]).await.unwrap();
+    many.extend(Duration::from_secs(10)).await.unwrap();
+    many.release().await.unwrap();
+    let mut read = rl.read("rw").await.unwrap();
+    read.extend(Duration::from_secs(10)).await.unwrap();
+    // A waiting writer records its intent, then withdraws it.
+    let writer = rl.write("rw").retry(Retry::new().with_max_attempts(2)).await.unwrap_err();
+    assert_eq!(writer.kind(), ErrorKind::NotAcquired);
+    read.release().await.unwrap();
+    let write = rl.write("rw").await.unwrap();
+    write.release().await.unwrap();
+    let fenced = rl.lock("fenced").fenced().await.unwrap();
+    assert!(fenced.fencing_token().is_some());
+    fenced.release().await.unwrap();
+    // Waiting is woken by the notification the user may subscribe to.
+    let held = rl.lock("handoff").await.unwrap();
+    let slow_polling = Retry::new().with_delay(Duration::from_secs(20)).with_jitter(Duration::ZERO);
+    let waiter = tokio::spawn({
+        let rl = rl.clone();
+        async move { rl.lock("handoff").retry(slow_polling).await }
+    });
+    assert!(
+        common::eventually(Duration::from_secs(5), || {
+            common::subscribers(&cluster, "app:handoff").iter().all(|n| *n == 1)
+        })
+        .await
+    );
+    held.release().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(5), waiter).await.unwrap().unwrap();
+    next.unwrap().release().await.unwrap();
+    // The server check and restart quarantine read INFO.
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let quarantined = Redlock::builder()
+        .nodes(cluster.nodes().iter().map(|node| node.url_as("minimal", PASSWORD)))
+        .key_prefix("app:")
+        .restart_quarantine(Duration::from_millis(1))
+        .build()
+        .unwrap();
+    quarantined.lock("plain").await.unwrap().release().await.unwrap();
+
+    // Only the fencing counters stay, by design.
+    assert_eq!(cluster.keys_everywhere("app:*").unwrap(), 0, "everything released");
+    assert_eq!(cluster.keys_everywhere("redlock:fence:app:*").unwrap(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_release_channels_releases_succeed_and_waiters_poll() {
+    let logs = logs();
+    let (cluster, builder) =
+        cluster_as("nochannels", &rules(&["&redlock:released:app:*"], &["resetchannels"]));
+    let rl = builder.build().unwrap();
+
+    // Every kind's release is Ok and removes the key, however often it is refused.
+    for _ in 0..3 {
+        rl.lock("plain").await.unwrap().release().await.unwrap();
+        rl.reentrant("reentrant", "job").await.unwrap().release().await.unwrap();
+        rl.many(&["a", "b"]).await.unwrap().release().await.unwrap();
+        rl.read("rw").await.unwrap().release().await.unwrap();
+        rl.write("rw").await.unwrap().release().await.unwrap();
+    }
+    assert_eq!(cluster.keys_everywhere("*").unwrap(), 0);
+
+    // A waiter cannot subscribe, so it finds the release by polling, within one pause.
+    let held = rl.lock("handoff").await.unwrap();
+    let polling = Retry::new().with_delay(Duration::from_millis(200)).with_jitter(Duration::ZERO);
+    let waiter = tokio::spawn({
+        let rl = rl.clone();
+        async move { rl.lock("handoff").retry(polling).await.map(|lock| (lock, Instant::now())) }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    let (lock, granted_at) =
+        tokio::time::timeout(Duration::from_secs(5), waiter).await.unwrap().unwrap().unwrap();
+    assert!(
+        granted_at - released_at < Duration::from_millis(700),
+        "{:?}",
+        granted_at - released_at
+    );
+    lock.release().await.unwrap();
+    assert_eq!(cluster.count_key("app:handoff"), 0);
+
+    // One warning per node, however many releases were refused.
+    let text = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
+    for node in cluster.nodes() {
+        let name = format!("127.0.0.1:{}/0", node.port());
+        let warnings = text
+            .lines()
+            .filter(|line| line.contains("WARN") && line.contains(&name))
+            .filter(|line| line.contains("refused a release notification"))
+            .count();
+        assert_eq!(warnings, 1, "{name}:\n{text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_info_restart_quarantine_names_the_missing_permission() {
+    let (cluster, builder) = cluster_as("noinfo", &rules(&["+info"], &[]));
+    // Without quarantine, INFO is not needed: the server check is skipped.
+    let rl = builder.clone().build().unwrap();
+    rl.lock("plain").await.unwrap().release().await.unwrap();
+
+    let rl = builder.restart_quarantine(Duration::from_secs(10)).build().unwrap();
+    let err = rl.try_lock("plain").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.faulty() >= 2, "{err}");
+    for node in err.nodes().iter().filter(|node| node.outcome().is_fault()) {
+        let NodeOutcome::Failed(message) = node.outcome() else {
+            panic!("{node:?} is not a permission failure")
+        };
+        assert!(message.contains("NOPERM"), "{message}");
+        assert!(message.contains("`info`") && message.contains("restart_quarantine"), "{message}");
+    }
+    let text = err.to_string();
+    assert!(text.contains("`info`") && text.contains("restart_quarantine"), "{text}");
+    assert!(!text.contains("unreachable") && !text.contains("Incompatible"), "{text}");
+    assert_eq!(cluster.count_key("app:plain"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_pattern_without_the_prefix_is_unavailable_with_noperm_from_every_node() {
+    let (cluster, builder) = cluster_as("otherkeys", &rules(&["~app:*"], &["~other:*"]));
+    let rl = builder.build().unwrap();
+    let err = rl.try_lock("plain").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.faulty() >= 2, "{err}");
+    for node in err.nodes().iter().filter(|node| node.outcome().is_fault()) {
+        assert!(
+            matches!(node.outcome(), NodeOutcome::Failed(message) if message.starts_with("NOPERM")),
+            "{node:?}"
+        );
+    }
+    assert!(err.to_string().contains("NOPERM"), "{err}");
+    // The other kinds are refused the same way.
+    let many = rl.many(&["a", "b"]).await.unwrap_err();
+    assert_eq!(many.kind(), ErrorKind::Unavailable, "{many}");
+    let read = rl.read("rw").await.unwrap_err();
+    assert_eq!(read.kind(), ErrorKind::Unavailable, "{read}");
+    assert_eq!(cluster.keys_everywhere("*").unwrap(), 0);
+}
+
+/// Everything a client does, as one user; `Err` with what failed first.
+async fn workload(rl: &Redlock, cluster: &Cluster) -> Result<(), String> {
+    let e = |what: &str| {
+        let what = what.to_owned();
+        move |err: redlock::Error| format!("{what}: {err}")
+    };
+    let mut lock = rl.try_lock("plain").await.map_err(e("lock"))?;
+    // Every new connection preloads the scripts (a plain lock runs none).
+    for node in cluster.nodes() {
+        let info: String =
+            redis::cmd("INFO").arg("memory").query(&mut node.connection().unwrap()).unwrap();
+        if info.contains("number_of_cached_scripts:0\r\n") {
+            return Err("scripts not preloaded".into());
+        }
+        // A flushed script cache (or a restart behind a proxy) makes the library send the
+        // script itself, by EVAL.
+        node.command(&["SCRIPT", "FLUSH"]).unwrap();
+    }
+    lock.extend(Duration::from_secs(10)).await.map_err(e("extend"))?;
+    lock.release().await.map_err(e("release"))?;
+    let mut hold = rl.reentrant("reentrant", "job").once().await.map_err(e("reentrant"))?;
+    hold.extend(Duration::from_secs(10)).await.map_err(e("reentrant extend"))?;
+    hold.release().await.map_err(e("reentrant release"))?;
+    let mut many = rl.many(&["a", "b"]).once().await.map_err(e("many"))?;
+    many.extend(Duration::from_secs(10)).await.map_err(e("many extend"))?;
+    many.release().await.map_err(e("many release"))?;
+    let read = rl.read("rw").once().await.map_err(e("read"))?;
+    let intent = rl.write("rw").retry(Retry::new().with_max_attempts(2)).await;
+    if !matches!(&intent, Err(err) if err.kind() == ErrorKind::NotAcquired) {
+        return Err(format!("write intent: {intent:?}"));
+    }
+    read.release().await.map_err(e("read release"))?;
+    rl.write("rw").once().await.map_err(e("write"))?.release().await.map_err(e("write release"))?;
+    let fenced = rl.lock("fenced").once().fenced().await.map_err(e("fenced"))?;
+    fenced.release().await.map_err(e("fenced release"))?;
+    let held = rl.try_lock("handoff").await.map_err(e("handoff"))?;
+    let mut waiter = tokio::spawn({
+        let rl = rl.clone();
+        async move { rl.lock("handoff").retry(Retry::new().with_delay(Duration::from_secs(20))).await }
+    });
+    let subscribed = common::eventually(Duration::from_secs(2), || {
+        common::subscribers(cluster, "app:handoff").iter().all(|n| *n == 1)
+    })
+    .await;
+    let before = pubsub_clients(cluster);
+    held.release().await.map_err(e("handoff release"))?;
+    let next = tokio::time::timeout(Duration::from_secs(2), &mut waiter).await;
+    waiter.abort();
+    if !subscribed {
+        return Err("no subscription".into());
+    }
+    match next {
+        Ok(Ok(Ok(lock))) => lock.release().await.map_err(e("woken release"))?,
+        other => return Err(format!("waiter not woken: {other:?}")),
+    }
+    // The last waiter gone, the channel is unsubscribed on the same connection.
+    let unsubscribed = common::eventually(Duration::from_secs(2), || {
+        common::subscribers(cluster, "app:handoff").iter().all(|n| *n == 0)
+    })
+    .await;
+    // (A connection with no subscription left is no longer of type pubsub: look for its id.)
+    let kept = cluster.nodes().iter().zip(&before).all(|(node, id)| {
+        let list: String =
+            redis::cmd("CLIENT").arg("LIST").query(&mut node.connection().unwrap()).unwrap();
+        !id.is_empty() && list.lines().any(|line| line.starts_with(&format!("{id} ")))
+    });
+    if !unsubscribed || !kept {
+        return Err(format!("unsubscribing closed the connection: {before:?}"));
+    }
+    Ok(())
+}
+
+/// The ids of the pub/sub connections on each node.
+fn pubsub_clients(cluster: &Cluster) -> Vec<String> {
+    cluster
+        .nodes()
+        .iter()
+        .map(|node| {
+            let list: String = redis::cmd("CLIENT")
+                .arg("LIST")
+                .arg("TYPE")
+                .arg("pubsub")
+                .query(&mut node.connection().unwrap())
+                .unwrap();
+            list.lines().filter_map(|line| line.split(' ').next()).collect::<Vec<_>>().join(",")
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_rule_of_the_minimal_set_is_needed() {
+    let cluster = common::cluster(3);
+    let urls: Vec<String> =
+        cluster.nodes().iter().map(|node| node.url_as("probe", PASSWORD)).collect();
+    // Uptime past the quarantine below, so that a permitted INFO lets every node vote.
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    for (i, dropped) in std::iter::once(None).chain(MINIMAL.iter().map(Some)).enumerate() {
+        let rules: Vec<&str> =
+            MINIMAL.iter().copied().filter(|rule| Some(rule) != dropped).collect();
+        for node in cluster.nodes() {
+            node.acl_setuser("probe", PASSWORD, &rules).unwrap();
+            node.flushall().unwrap();
+            node.command(&["SCRIPT", "FLUSH"]).unwrap();
+        }
+        let rl = Redlock::builder()
+            .nodes(urls.clone())
+            .key_prefix("app:")
+            .node_timeout(Duration::from_millis(500))
+            .restart_quarantine(Duration::from_millis(1))
+            .retry(Retry::never())
+            .build()
+            .unwrap();
+        let outcome = workload(&rl, &cluster).await;
+        // Nothing of this round may run into the next one's rules (a background release
+        // sending a script by EVAL would fill the script cache).
+        let _ = rl.shutdown(Duration::from_secs(2)).await;
+        eprintln!("{i} without {dropped:?}: {outcome:?}");
+        match dropped {
+            None => outcome.unwrap(),
+            Some(rule) => assert!(outcome.is_err(), "{rule} is not needed"),
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! TLS nodes (`rediss://`, with the `tls-rustls` feature): every kind locks, waits for a
+//! release notification and releases over TLS with mutual TLS; a wrong CA or a missing
+//! client certificate is `Unavailable`, with a message about the certificate.
+#![cfg(feature = "tls-rustls")]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use redlock::{ErrorKind, Redlock, RedlockBuilder, Retry};
+use redlock_testkit::tls::{Certificates, ClientCerts};
+use redlock_testkit::{Cluster, NodeConfig};
+
+fn tls_cluster(client_certs: ClientCerts) -> Cluster {
+    Cluster::start_with(3, NodeConfig::new().tls(client_certs)).unwrap()
+}
+
+fn builder(cluster: &Cluster) -> RedlockBuilder {
+    for url in cluster.urls() {
+        assert!(url.starts_with("rediss://"), "{url}");
+    }
+    Redlock::builder()
+        .nodes(cluster.urls())
+        .node_timeout(Duration::from_secs(1))
+        .retry(Retry::never())
+}
+
+fn mutual_tls(cluster: &Cluster) -> Redlock {
+    let certs = Certificates::get().unwrap();
+    builder(cluster)
+        .tls_root_ca(certs.ca().pem())
+        .tls_client_cert(certs.client_cert().pem(), certs.client_key().pem())
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_kind_locks_and_releases_over_mutual_tls() {
+    let cluster = tls_cluster(ClientCerts::Required);
+    let rl = mutual_tls(&cluster);
+
+    let lock = rl.lock("plain").await.unwrap();
+    assert_eq!(cluster.nodes_holding("plain", lock.token()), [0, 1, 2]);
+    lock.release().await.unwrap();
+
+    let outer = rl.reentrant("reentrant", "job-1").await.unwrap();
+    let inner = rl.reentrant("reentrant", "job-1").await.unwrap();
+    assert_eq!(cluster.nodes_with_key("reentrant").unwrap(), [0, 1, 2]);
+    inner.release().await.unwrap();
+    outer.release().await.unwrap();
+
+    let many = rl.many(&["many:a", "many:b"]).await.unwrap();
+    assert_eq!(cluster.nodes_with_key("many:b").unwrap(), [0, 1, 2]);
+    many.release().await.unwrap();
+
+    let (r1, r2) = (rl.read("rw").await.unwrap(), rl.read("rw").await.unwrap());
+    assert_eq!(rl.write("rw").once().await.unwrap_err().kind(), ErrorKind::NotAcquired);
+    r1.release().await.unwrap();
+    r2.release().await.unwrap();
+    let write = rl.write("rw").await.unwrap();
+    write.release().await.unwrap();
+
+    let fenced = rl.lock("fenced").fenced().await.unwrap();
+    assert!(fenced.fencing_token().is_some());
+    fenced.release().await.unwrap();
+
+    for key in ["plain", "reentrant", "many:a", "many:b", "rw", "fenced"] {
+        assert_eq!(cluster.count_key(key), 0, "{key} left behind");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_woken_by_a_release_notification_over_tls() {
+    let cluster = tls_cluster(ClientCerts::Required);
+    let rl = mutual_tls(&cluster);
+    let held = rl.lock("handoff").await.unwrap();
+    // Polling alone would take 20 s: only the notification can wake the waiter sooner.
+    let slow_polling = Retry::new().with_delay(Duration::from_secs(20)).with_jitter(Duration::ZERO);
+    let waiter = tokio::spawn({
+        let rl = rl.clone();
+        async move { rl.lock("handoff").retry(slow_polling).await.map(|lock| (lock, Instant::now())) }
+    });
+    // The waiter has subscribed (over TLS) on every node.
+    assert!(
+        common::eventually(Duration::from_secs(5), || {
+            common::subscribers(&cluster, "handoff").iter().all(|n| *n == 1)
+        })
+        .await
+    );
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    let (lock, granted_at) = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter was not woken")
+        .unwrap()
+        .unwrap();
+    assert!(granted_at - released_at < Duration::from_secs(2), "{:?}", granted_at - released_at);
+    lock.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_ca_is_unavailable_with_a_message_about_the_certificate() {
+    let cluster = tls_cluster(ClientCerts::Optional);
+    let certs = Certificates::get().unwrap();
+    let rl = builder(&cluster).tls_root_ca(certs.unrelated_ca().pem()).build().unwrap();
+    let err = rl.try_lock("k").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    // Decided as soon as two nodes failed: the third may not have answered yet.
+    assert!(err.faulty() >= 2, "{err}");
+    for node in err.nodes().iter().filter(|node| node.outcome().is_fault()) {
+        let said = node.outcome().to_string().to_lowercase();
+        assert!(said.contains("certificate"), "{said}");
+    }
+    assert!(err.to_string().to_lowercase().contains("certificate"), "{err}");
+    assert_eq!(cluster.count_key("k"), 0);
+
+    // The same nodes, trusted: the CA was the only problem.
+    let rl = builder(&cluster).tls_root_ca(certs.ca().pem()).build().unwrap();
+    rl.try_lock("k").await.unwrap().release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_client_certificate_is_unavailable_with_a_message_about_the_certificate() {
+    let cluster = tls_cluster(ClientCerts::Required);
+    let certs = Certificates::get().unwrap();
+    let rl = builder(&cluster).tls_root_ca(certs.ca().pem()).build().unwrap();
+    let err = rl.try_lock("k").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.to_string().to_lowercase().contains("certificate"), "{err}");
+    assert_eq!(cluster.count_key("k"), 0);
+}

@@ -42,20 +42,47 @@ impl From<NodeOutcome> for Answer {
     }
 }
 
+/// What names one hold of any kind.
+#[derive(Debug)]
+pub(crate) struct Identity {
+    /// What errors and logs call the kind.
+    pub(crate) kind: &'static str,
+    /// The keys the hold occupies on a node.
+    pub(crate) keys: Box<[Arc<str>]>,
+    /// A fresh random token, unique to this hold.
+    pub(crate) token: Arc<str>,
+}
+
+impl Identity {
+    /// A hold of kind `kind` on `keys`, with a fresh token.
+    pub(crate) fn new(kind: &'static str, keys: Box<[Arc<str>]>) -> Self {
+        Self { kind, keys, token: crate::token::generate().into() }
+    }
+}
+
 /// One lock kind's dialogue with one node.
 ///
 /// Every command must be safe to run twice (a re-sent request after a dropped connection,
 /// [`crate::command::Resend::Safe`]): each hold has its own token, and every operation
 /// compares it before it changes anything.
 pub(crate) trait Protocol: Send + Sync + 'static {
+    /// What names this hold: its kind, its keys, its token.
+    fn identity(&self) -> &Identity;
+
     /// What errors and logs call this kind: "lock", "reentrant lock", ...
-    fn kind(&self) -> &'static str;
+    fn kind(&self) -> &'static str {
+        self.identity().kind
+    }
 
     /// The keys the lock occupies on a node (one, except for a multi-resource lock).
-    fn keys(&self) -> &[Arc<str>];
+    fn keys(&self) -> &[Arc<str>] {
+        &self.identity().keys
+    }
 
     /// The token that identifies this hold on the nodes.
-    fn token(&self) -> &str;
+    fn token(&self) -> &str {
+        &self.identity().token
+    }
 
     /// The command for `op`, built once per round; `ttl` is the lease for `Acquire` and
     /// `Extend`.

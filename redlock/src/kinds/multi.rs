@@ -20,12 +20,11 @@ use redis::Value;
 
 use crate::command::{self, Command, Resend};
 use crate::config::{Config, Ttl};
-use crate::engine::protocol::{failed, script_answer};
+use crate::engine::protocol::{Identity, failed, script_answer};
 use crate::engine::{self, Answer, Op, Protocol};
 use crate::error::{Error, NodeOutcome, Result};
 use crate::guard::guard;
 use crate::node::Reply;
-use crate::token;
 
 /// A validated set of resources: their names and keys.
 #[derive(Clone, Debug)]
@@ -68,31 +67,24 @@ impl Set {
 #[derive(Debug)]
 pub(crate) struct Multi {
     set: Set,
-    token: Arc<str>,
+    id: Identity,
 }
 
 impl Multi {
     /// A fresh acquisition of `set`, with a fresh token.
     pub(crate) fn new(set: Set) -> Self {
-        Self { set, token: token::generate().into() }
+        let id = Identity::new("multi-resource lock", set.keys.iter().cloned().collect());
+        Self { set, id }
     }
 }
 
 impl Protocol for Multi {
-    fn kind(&self) -> &'static str {
-        "multi-resource lock"
-    }
-
-    fn keys(&self) -> &[Arc<str>] {
-        &self.set.keys
-    }
-
-    fn token(&self) -> &str {
-        &self.token
+    fn identity(&self) -> &Identity {
+        &self.id
     }
 
     fn command(&self, op: Op, ttl: Ttl) -> Command {
-        let token = self.token.as_bytes();
+        let token = self.id.token.as_bytes();
         let ms = ttl.ms().to_string();
         let (script, args): (_, Vec<&[u8]>) = match op {
             Op::Acquire => (&command::MULTI_ACQUIRE, vec![token, ms.as_bytes()]),

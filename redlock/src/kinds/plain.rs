@@ -14,18 +14,16 @@ use redis::Value;
 
 use crate::command::{self, Command, Resend};
 use crate::config::Ttl;
-use crate::engine::protocol::{failed, script_answer};
+use crate::engine::protocol::{Identity, failed, script_answer};
 use crate::engine::{self, Answer, Op, Protocol};
 use crate::error::NodeOutcome;
 use crate::guard::guard;
 use crate::node::Reply;
-use crate::token;
 
 /// One acquisition of one key.
 #[derive(Debug)]
 pub(crate) struct Plain {
-    keys: [Arc<str>; 1],
-    token: Arc<str>,
+    id: Identity,
     channel: Arc<str>,
 }
 
@@ -33,29 +31,21 @@ impl Plain {
     /// A fresh acquisition of `key`, with a fresh token.
     pub(crate) fn new(key: Arc<str>) -> Self {
         let channel = engine::channel(&key);
-        Self { keys: [key], token: token::generate().into(), channel }
+        Self { id: Identity::new("lock", Box::new([key])), channel }
     }
 
     fn key(&self) -> &str {
-        &self.keys[0]
+        &self.id.keys[0]
     }
 }
 
 impl Protocol for Plain {
-    fn kind(&self) -> &'static str {
-        "lock"
-    }
-
-    fn keys(&self) -> &[Arc<str>] {
-        &self.keys
-    }
-
-    fn token(&self) -> &str {
-        &self.token
+    fn identity(&self) -> &Identity {
+        &self.id
     }
 
     fn command(&self, op: Op, ttl: Ttl) -> Command {
-        let (key, token) = (self.key(), self.token.as_bytes());
+        let (key, token) = (self.key(), self.id.token.as_bytes());
         match op {
             Op::Acquire => {
                 let mut cmd = redis::cmd("SET");
@@ -79,7 +69,7 @@ impl Protocol for Plain {
     }
 
     fn answer(&self, op: Op, reply: &Reply) -> Answer {
-        let ours = |holder: &[u8]| holder == self.token.as_bytes();
+        let ours = |holder: &[u8]| holder == self.id.token.as_bytes();
         match (op, &reply.value) {
             (Op::Acquire, Ok(Value::Nil)) => NodeOutcome::Ok.into(),
             // Our own token: an earlier send of this very request landed.
@@ -121,7 +111,7 @@ mod tests {
         let p = plain();
         let answer = |value| p.answer(Op::Acquire, &reply(value)).outcome;
         assert_eq!(answer(Value::Nil), NodeOutcome::Ok);
-        assert_eq!(answer(Value::BulkString(p.token.as_bytes().to_vec())), NodeOutcome::Ok);
+        assert_eq!(answer(Value::BulkString(p.id.token.as_bytes().to_vec())), NodeOutcome::Ok);
         assert_eq!(answer(Value::BulkString(b"someone".to_vec())), NodeOutcome::Held);
         assert_eq!(p.answer(Op::Acquire, &error("WRONGTYPE")).outcome, NodeOutcome::WrongType);
         assert!(matches!(answer(Value::Int(1)), NodeOutcome::Failed(_)));

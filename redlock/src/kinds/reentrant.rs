@@ -9,19 +9,17 @@ use redis::Value;
 
 use crate::command::{self, Command, Resend};
 use crate::config::Ttl;
-use crate::engine::protocol::{failed, script_answer};
+use crate::engine::protocol::{Identity, failed, script_answer};
 use crate::engine::{self, Answer, Op, Protocol};
 use crate::error::{Error, NodeOutcome, Result};
 use crate::guard::guard;
 use crate::node::Reply;
-use crate::token;
 
 /// One hold of one owner on one key: the hash field `h:<token>:<owner>`.
 #[derive(Debug)]
 pub(crate) struct Reentrant {
-    keys: [Arc<str>; 1],
+    id: Identity,
     owner: Arc<str>,
-    token: Arc<str>,
     field: Arc<str>,
     channel: Arc<str>,
 }
@@ -29,10 +27,10 @@ pub(crate) struct Reentrant {
 impl Reentrant {
     /// A fresh hold of `key` for `owner`.
     pub(crate) fn new(key: Arc<str>, owner: Arc<str>) -> Self {
-        let token: Arc<str> = token::generate().into();
-        let field = format!("h:{token}:{owner}").into();
         let channel = engine::channel(&key);
-        Self { keys: [key], owner, token, field, channel }
+        let id = Identity::new("reentrant lock", Box::new([key]));
+        let field = format!("h:{}:{owner}", id.token).into();
+        Self { id, owner, field, channel }
     }
 
     /// Checks an owner id.
@@ -53,20 +51,12 @@ impl Reentrant {
 }
 
 impl Protocol for Reentrant {
-    fn kind(&self) -> &'static str {
-        "reentrant lock"
-    }
-
-    fn keys(&self) -> &[Arc<str>] {
-        &self.keys
-    }
-
-    fn token(&self) -> &str {
-        &self.token
+    fn identity(&self) -> &Identity {
+        &self.id
     }
 
     fn command(&self, op: Op, ttl: Ttl) -> Command {
-        let (keys, field) = ([&*self.keys[0]], self.field.as_bytes());
+        let (keys, field) = ([&*self.id.keys[0]], self.field.as_bytes());
         let ms = ttl.ms().to_string();
         let (script, args): (_, Vec<&[u8]>) = match op {
             Op::Acquire => (&command::REENTRANT_ACQUIRE, vec![field, ms.as_bytes()]),

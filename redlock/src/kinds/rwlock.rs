@@ -9,7 +9,7 @@ use redis::Value;
 
 use crate::command::{self, Command, Resend};
 use crate::config::{Config, Ttl};
-use crate::engine::protocol::{failed, script_answer};
+use crate::engine::protocol::{Identity, failed, script_answer};
 use crate::engine::{self, Answer, Op, Protocol};
 use crate::error::NodeOutcome;
 use crate::guard::guard;
@@ -70,9 +70,8 @@ impl Intent {
 /// One reader's share or one writer's grant: the hash field `r:<token>` or `w:<token>`.
 #[derive(Debug)]
 pub(crate) struct Share {
-    keys: [Arc<str>; 1],
+    id: Identity,
     mode: Mode,
-    token: Arc<str>,
     field: Arc<str>,
     channel: Arc<str>,
     intent: Option<Intent>,
@@ -81,14 +80,14 @@ pub(crate) struct Share {
 impl Share {
     /// A fresh share or grant of `key`; a waiting writer passes its intent.
     pub(crate) fn new(key: Arc<str>, mode: Mode, intent: Option<Intent>) -> Self {
-        let token: Arc<str> = token::generate().into();
-        let prefix = match mode {
-            Mode::Read => "r:",
-            Mode::Write => "w:",
+        let (kind, prefix) = match mode {
+            Mode::Read => ("read lock", "r:"),
+            Mode::Write => ("write lock", "w:"),
         };
-        let field = format!("{prefix}{token}").into();
         let channel = engine::channel(&key);
-        Self { keys: [key], mode, token, field, channel, intent }
+        let id = Identity::new(kind, Box::new([key]));
+        let field = format!("{prefix}{}", id.token).into();
+        Self { id, mode, field, channel, intent }
     }
 
     pub(crate) fn field(&self) -> &str {
@@ -97,23 +96,12 @@ impl Share {
 }
 
 impl Protocol for Share {
-    fn kind(&self) -> &'static str {
-        match self.mode {
-            Mode::Read => "read lock",
-            Mode::Write => "write lock",
-        }
-    }
-
-    fn keys(&self) -> &[Arc<str>] {
-        &self.keys
-    }
-
-    fn token(&self) -> &str {
-        &self.token
+    fn identity(&self) -> &Identity {
+        &self.id
     }
 
     fn command(&self, op: Op, ttl: Ttl) -> Command {
-        let (keys, field) = ([&*self.keys[0]], self.field.as_bytes());
+        let (keys, field) = ([&*self.id.keys[0]], self.field.as_bytes());
         let ms = ttl.ms().to_string();
         let intent_ms = self.intent.as_ref().map_or(0, |intent| intent.ms).to_string();
         let intent = self.intent.as_ref().map_or(&b""[..], |intent| intent.field.as_bytes());

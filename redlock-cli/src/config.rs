@@ -1,0 +1,103 @@
+//! Where the nodes are and how locks are taken: flags, each with its environment variable.
+
+use std::time::Duration;
+
+use redlock::{Redlock, RedlockBuilder};
+
+/// Options shared by every subcommand.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Options {
+    /// The masters, comma-separated (`redis://host:6379,...`; passwords are never echoed).
+    #[arg(
+        long,
+        env = "REDLOCK_NODES",
+        value_delimiter = ',',
+        global = true,
+        hide_env_values = true
+    )]
+    pub(crate) nodes: Vec<String>,
+    /// The lease of the lock, renewed while the command runs (e.g. `30s`).
+    #[arg(long, env = "REDLOCK_TTL", default_value = "30s", value_parser = humantime::parse_duration, global = true)]
+    pub(crate) ttl: Duration,
+    /// How long a node may take to answer one request (e.g. `50ms`).
+    #[arg(long, env = "REDLOCK_NODE_TIMEOUT", default_value = "50ms", value_parser = humantime::parse_duration, global = true)]
+    pub(crate) node_timeout: Duration,
+    /// Put before every resource name to make its key.
+    #[arg(long, env = "REDLOCK_KEY_PREFIX", default_value = "", global = true)]
+    pub(crate) key_prefix: String,
+}
+
+impl Options {
+    /// The client these options describe.
+    pub(crate) fn client(&self) -> Result<Redlock, String> {
+        if self.nodes.is_empty() {
+            return Err("no nodes: give --nodes or REDLOCK_NODES".to_owned());
+        }
+        RedlockBuilder::new()
+            .nodes(self.nodes.iter().map(|node| node.trim().to_owned()))
+            .ttl(self.ttl)
+            .node_timeout(self.node_timeout)
+            .key_prefix(self.key_prefix.clone())
+            .build()
+            .map_err(|err| err.to_string())
+    }
+
+    /// The key of `resource` on the nodes.
+    pub(crate) fn key(&self, resource: &str) -> String {
+        format!("{}{resource}", self.key_prefix)
+    }
+}
+
+/// How long to wait for the lock: `0` (one attempt), a duration, or `forever`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Wait {
+    /// One attempt.
+    Once,
+    /// Until granted or this long has passed.
+    For(Duration),
+    /// Until granted.
+    Forever,
+}
+
+/// Parses `--wait`.
+pub(crate) fn parse_wait(text: &str) -> Result<Wait, String> {
+    match text.trim() {
+        "0" => Ok(Wait::Once),
+        "forever" => Ok(Wait::Forever),
+        other => match humantime::parse_duration(other) {
+            Ok(d) if d.is_zero() => Ok(Wait::Once),
+            Ok(d) => Ok(Wait::For(d)),
+            Err(err) => {
+                Err(format!("`{other}`: {err} (give 0, a duration such as 30s, or forever)"))
+            }
+        },
+    }
+}
+
+/// A signal by name (`TERM`, `SIGTERM`, `INT`, ...) or number.
+pub(crate) fn parse_signal(text: &str) -> Result<nix::sys::signal::Signal, String> {
+    use std::str::FromStr;
+    let name = text.trim().to_ascii_uppercase();
+    if let Ok(n) = name.parse::<i32>() {
+        return nix::sys::signal::Signal::try_from(n).map_err(|err| format!("signal {n}: {err}"));
+    }
+    let name = if name.starts_with("SIG") { name } else { format!("SIG{name}") };
+    nix::sys::signal::Signal::from_str(&name).map_err(|_| format!("unknown signal `{text}`"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waits_and_signals_parse() {
+        assert_eq!(parse_wait("0"), Ok(Wait::Once));
+        assert_eq!(parse_wait("forever"), Ok(Wait::Forever));
+        assert_eq!(parse_wait("1m 30s"), Ok(Wait::For(Duration::from_secs(90))));
+        assert!(parse_wait("soon").is_err());
+        assert_eq!(parse_signal("term"), Ok(nix::sys::signal::Signal::SIGTERM));
+        assert_eq!(parse_signal("SIGKILL"), Ok(nix::sys::signal::Signal::SIGKILL));
+        assert_eq!(parse_signal("2"), Ok(nix::sys::signal::Signal::SIGINT));
+        assert!(parse_signal("NOPE").is_err());
+    }
+}

@@ -1,0 +1,240 @@
+//! `redlock run`: take the lock, run the command while keeping the lock alive, release.
+
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use redlock::{ErrorKind, Retry};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::mpsc;
+
+use crate::config::{Options, Wait, parse_signal, parse_wait};
+use crate::{EXIT_CONFLICT, EXIT_FAILURE, EXIT_LOST, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND};
+
+/// The help text after the options: exit codes and the grace period.
+pub(crate) const AFTER_HELP: &str = "\
+The command gets REDLOCK_RESOURCE, REDLOCK_TOKEN and, with --fenced, REDLOCK_FENCING_TOKEN in
+its environment. SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 sent to redlock are
+forwarded to the command's process group.
+
+If the lock is lost while the command runs (a majority of nodes unreachable, the lock freed by
+`redlock release --force`, --max-hold reached), redlock sends --lost-signal to the command's
+process group, then SIGKILL after --kill-after. That grace period is time in which another
+holder may already run: two holders can overlap for up to --kill-after. Work that must never
+overlap should check a fencing token (--fenced, REDLOCK_FENCING_TOKEN) where it writes.
+
+Exit status: the command's own (128+N if it died of signal N); 75 when the lock is held
+elsewhere (--conflict-exit-code, e.g. 0 for cron fan-out); 124 when the lock was lost; 125
+for redlock's own failure (configuration, nodes unavailable, TLS, ACL); 126 when the command
+cannot be executed; 127 when it is not found; 128+N when redlock got signal N while waiting.";
+
+/// The signals forwarded to the command.
+const FORWARDED: [Signal; 6] = [
+    Signal::SIGINT,
+    Signal::SIGTERM,
+    Signal::SIGHUP,
+    Signal::SIGQUIT,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+];
+
+/// How long redlock waits for releases still in flight before it exits.
+const SHUTDOWN: Duration = Duration::from_secs(5);
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct RunArgs {
+    /// How long to wait for the lock: 0 (one attempt), a duration (30s), or forever.
+    #[arg(long, env = "REDLOCK_WAIT", default_value = "0", value_parser = parse_wait)]
+    wait: Wait,
+    /// Give the lock up after this long even if the command still runs (it is then lost).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    max_hold: Option<Duration>,
+    /// Take a fencing token and pass it as REDLOCK_FENCING_TOKEN.
+    #[arg(long)]
+    fenced: bool,
+    /// The signal sent to the command's process group when the lock is lost.
+    #[arg(long, default_value = "TERM", value_parser = parse_signal)]
+    lost_signal: Signal,
+    /// How long after --lost-signal the process group gets SIGKILL.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    kill_after: Duration,
+    /// The exit status when the lock is held elsewhere.
+    #[arg(long, default_value_t = EXIT_CONFLICT)]
+    conflict_exit_code: u8,
+    /// The resource to lock.
+    resource: String,
+    /// The command and its arguments (after `--`).
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+/// What ended the wait for the command.
+enum Event {
+    Exited(std::io::Result<ExitStatus>),
+    Signal(Signal),
+    Lost(redlock::Error),
+}
+
+pub(crate) async fn run(options: &Options, args: RunArgs) -> u8 {
+    let rl = match options.client() {
+        Ok(rl) => rl,
+        Err(err) => {
+            eprintln!("redlock: {err}");
+            return EXIT_FAILURE;
+        }
+    };
+    let mut signals = match forwarded_signals() {
+        Ok(signals) => signals,
+        Err(err) => {
+            eprintln!("redlock: cannot watch signals: {err}");
+            return EXIT_FAILURE;
+        }
+    };
+
+    let mut request = rl.lock(&args.resource).ttl(options.ttl);
+    if args.fenced {
+        request = request.fenced();
+    }
+    request = match args.wait {
+        Wait::Once => request.once(),
+        Wait::For(max_wait) => request.retry(waiting().with_max_wait(max_wait)),
+        Wait::Forever => request.retry(waiting()),
+    };
+    let acquired = tokio::select! {
+        acquired = request => acquired,
+        Some(sig) = signals.recv() => {
+            // The attempt in flight is dropped: whatever it set is released in the
+            // background, and shutdown waits for that.
+            shut_down(&rl).await;
+            return 128 + sig as u8;
+        }
+    };
+    let lock = match acquired {
+        Ok(lock) => lock,
+        Err(err) if err.kind() == ErrorKind::NotAcquired => {
+            eprintln!("redlock: {} is held elsewhere: {err}", args.resource);
+            shut_down(&rl).await;
+            return args.conflict_exit_code;
+        }
+        Err(err) => {
+            eprintln!("redlock: {err}");
+            shut_down(&rl).await;
+            return EXIT_FAILURE;
+        }
+    };
+
+    let mut command = tokio::process::Command::new(&args.command[0]);
+    command
+        .args(&args.command[1..])
+        .env("REDLOCK_RESOURCE", &args.resource)
+        .env("REDLOCK_TOKEN", lock.token())
+        .process_group(0);
+    if let Some(token) = lock.fencing_token() {
+        command.env("REDLOCK_FENCING_TOKEN", token.to_string());
+    }
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(err) => {
+            eprintln!("redlock: {}: {err}", args.command[0]);
+            if let Err(err) = lock.release().await {
+                eprintln!("redlock: release: {err}");
+            }
+            shut_down(&rl).await;
+            return match err.kind() {
+                std::io::ErrorKind::NotFound => EXIT_NOT_FOUND,
+                _ => EXIT_NOT_EXECUTABLE,
+            };
+        }
+    };
+    // Its own process group: the group id is the child's pid.
+    let group = child.id().and_then(|pid| i32::try_from(pid).ok()).map(Pid::from_raw);
+    let auto = match args.max_hold {
+        Some(max_hold) => lock.auto_extend_capped(max_hold),
+        None => lock.auto_extend(),
+    };
+
+    loop {
+        let event = tokio::select! {
+            status = child.wait() => Event::Exited(status),
+            Some(sig) = signals.recv() => Event::Signal(sig),
+            err = auto.lost() => Event::Lost(err),
+        };
+        match event {
+            Event::Signal(sig) => {
+                if let Some(group) = group {
+                    let _ = killpg(group, sig);
+                }
+            }
+            Event::Exited(status) => {
+                let code = match status {
+                    Ok(status) => exit_code(status),
+                    Err(err) => {
+                        eprintln!("redlock: waiting for the command: {err}");
+                        EXIT_FAILURE
+                    }
+                };
+                if let Err(err) = auto.release().await {
+                    eprintln!("redlock: release: {err}");
+                }
+                shut_down(&rl).await;
+                return code;
+            }
+            Event::Lost(err) => {
+                eprintln!("redlock: the lock was lost while the command ran: {err}");
+                if let Some(group) = group {
+                    let _ = killpg(group, args.lost_signal);
+                    if tokio::time::timeout(args.kill_after, child.wait()).await.is_err() {
+                        let _ = killpg(group, Signal::SIGKILL);
+                        let _ = child.wait().await;
+                    }
+                }
+                let _ = auto.release().await;
+                shut_down(&rl).await;
+                return EXIT_LOST;
+            }
+        }
+    }
+}
+
+/// Retries soon, for as long as the wait allows.
+fn waiting() -> Retry {
+    Retry::new()
+        .with_unbounded_attempts()
+        .with_delay(Duration::from_millis(50))
+        .with_jitter(Duration::from_millis(100))
+}
+
+/// The command's status as redlock's: its code, or 128 + the signal that ended it.
+fn exit_code(status: ExitStatus) -> u8 {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => u8::try_from(code).unwrap_or(EXIT_FAILURE),
+        (None, Some(sig)) => u8::try_from(128 + sig).unwrap_or(EXIT_FAILURE),
+        (None, None) => EXIT_FAILURE,
+    }
+}
+
+/// Waits for the releases in flight, reporting the nodes it could not clean.
+async fn shut_down(rl: &redlock::Redlock) {
+    if let Err(err) = rl.shutdown(SHUTDOWN).await {
+        eprintln!("redlock: shutdown: {err}");
+    }
+}
+
+/// Every forwarded signal, as it arrives.
+fn forwarded_signals() -> std::io::Result<mpsc::UnboundedReceiver<Signal>> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    for sig in FORWARDED {
+        let mut stream = signal(SignalKind::from_raw(sig as i32))?;
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            while stream.recv().await.is_some() {
+                if tx.send(sig).is_err() {
+                    return;
+                }
+            }
+        });
+    }
+    Ok(rx)
+}

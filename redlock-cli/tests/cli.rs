@@ -1,0 +1,256 @@
+//! The `redlock` binary against real redis-server nodes, with child scripts that trap
+//! signals and write marker files.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use redlock_testkit::Cluster;
+
+const BIN: &str = env!("CARGO_BIN_EXE_redlock");
+
+fn cluster(n: usize) -> Cluster {
+    Cluster::start(n).unwrap_or_else(|err| panic!("cannot start {n} redis nodes: {err}"))
+}
+
+/// `redlock` configured only through the environment.
+fn redlock(cluster: &Cluster) -> Command {
+    let mut command = Command::new(BIN);
+    command
+        .env("REDLOCK_NODES", cluster.urls().join(","))
+        .env("REDLOCK_TTL", "2s")
+        .env("REDLOCK_NODE_TIMEOUT", "100ms")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
+fn sh(script: &str) -> Vec<String> {
+    vec!["--".into(), "sh".into(), "-c".into(), script.into()]
+}
+
+fn scratch() -> PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("redlock-cli-{}-{}", std::process::id(), rand_suffix()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn rand_suffix() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
+}
+
+fn wait_for(path: &Path, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if path.exists() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
+
+fn finish(child: Child, within: Duration) -> Output {
+    let deadline = Instant::now() + within;
+    let mut child = child;
+    while Instant::now() < deadline {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    panic!("redlock did not exit within {within:?}: {:?}", child.wait_with_output());
+}
+
+fn signal(child: &Child, sig: nix::sys::signal::Signal) {
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+    nix::sys::signal::kill(pid, sig).unwrap();
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn the_command_gets_the_lock_in_its_environment_and_its_status_is_passed_on() {
+    let cluster = cluster(3);
+    let dir = scratch();
+    let out = dir.join("env");
+    let script = format!("echo \"$REDLOCK_RESOURCE $REDLOCK_TOKEN\" > {}; exit 3", out.display());
+    let output = redlock(&cluster).args(["run", "nightly"]).args(sh(&script)).output().unwrap();
+    assert_eq!(output.status.code(), Some(3), "{}", text(&output.stderr));
+    let seen = std::fs::read_to_string(&out).unwrap();
+    let (resource, token) = seen.trim().split_once(' ').unwrap();
+    assert_eq!(resource, "nightly");
+    assert_eq!(token.len(), 40);
+    // Released on every node before redlock exited.
+    assert_eq!(cluster.count_key("nightly"), 0);
+}
+
+#[test]
+fn of_two_concurrent_runs_one_runs_and_the_other_exits_75_or_the_override() {
+    let cluster = cluster(3);
+    let dir = scratch();
+    let started = dir.join("started");
+    let script = format!("touch {}; sleep 1", started.display());
+    let first =
+        redlock(&cluster).args(["run", "--wait", "0", "job"]).args(sh(&script)).spawn().unwrap();
+    assert!(wait_for(&started, Duration::from_secs(5)));
+    let second =
+        redlock(&cluster).args(["run", "--wait", "0", "job"]).args(sh("exit 0")).output().unwrap();
+    assert_eq!(second.status.code(), Some(75), "{}", text(&second.stderr));
+    assert!(text(&second.stderr).contains("held elsewhere"));
+    let third = redlock(&cluster)
+        .args(["run", "--conflict-exit-code", "0", "job"])
+        .args(sh("exit 9"))
+        .output()
+        .unwrap();
+    assert_eq!(third.status.code(), Some(0), "{}", text(&third.stderr));
+    let first = finish(first, Duration::from_secs(10));
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+}
+
+#[test]
+fn sigterm_is_forwarded_and_every_key_is_gone_before_redlock_exits() {
+    let cluster = cluster(3);
+    let dir = scratch();
+    let (started, got) = (dir.join("started"), dir.join("got-term"));
+    let script = format!(
+        "trap 'touch {}; exit 143' TERM; touch {}; while true; do sleep 0.05; done",
+        got.display(),
+        started.display()
+    );
+    let child = redlock(&cluster).args(["run", "job"]).args(sh(&script)).spawn().unwrap();
+    assert!(wait_for(&started, Duration::from_secs(5)));
+    assert_eq!(cluster.count_key("job"), 3);
+    signal(&child, nix::sys::signal::Signal::SIGTERM);
+    let output = finish(child, Duration::from_secs(10));
+    assert_eq!(output.status.code(), Some(143), "{}", text(&output.stderr));
+    assert!(got.exists(), "the command got SIGTERM");
+    assert_eq!(cluster.count_key("job"), 0, "released everywhere before exiting");
+}
+
+#[test]
+fn a_forced_release_loses_the_lock_the_group_gets_term_then_kill_and_redlock_exits_124() {
+    let cluster = cluster(3);
+    let dir = scratch();
+    let (started, got) = (dir.join("started"), dir.join("got-term"));
+    // Ignores TERM (records it), so only the KILL after the grace period ends it.
+    let script = format!(
+        "trap 'touch {}' TERM; touch {}; while true; do sleep 0.05; done",
+        got.display(),
+        started.display()
+    );
+    let child = redlock(&cluster)
+        .env("REDLOCK_TTL", "600ms")
+        .args(["run", "--kill-after", "500ms", "job"])
+        .args(sh(&script))
+        .spawn()
+        .unwrap();
+    assert!(wait_for(&started, Duration::from_secs(5)));
+    let forced = redlock(&cluster).args(["release", "--force", "--yes", "job"]).output().unwrap();
+    assert_eq!(forced.status.code(), Some(0), "{}", text(&forced.stderr));
+    let output = finish(child, Duration::from_secs(10));
+    assert_eq!(output.status.code(), Some(124), "{}", text(&output.stderr));
+    assert!(got.exists(), "the command's group got the lost signal first");
+    assert!(text(&output.stderr).contains("lost"), "{}", text(&output.stderr));
+}
+
+#[test]
+fn a_forced_release_needs_confirmation() {
+    let cluster = cluster(3);
+    let output = redlock(&cluster).args(["release", "--force", "job"]).output().unwrap();
+    assert_eq!(output.status.code(), Some(125));
+    assert!(text(&output.stderr).contains("--yes"));
+}
+
+#[test]
+fn sigint_while_waiting_leaves_no_key_and_exits_130() {
+    let cluster = cluster(3);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let rl = redlock::Redlock::builder().nodes(cluster.urls()).build().unwrap();
+    let holder = runtime.block_on(async { rl.try_lock("job").await }).unwrap();
+    let waiting =
+        redlock(&cluster).args(["run", "--wait", "30s", "job"]).args(sh("exit 0")).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    signal(&waiting, nix::sys::signal::Signal::SIGINT);
+    let output = finish(waiting, Duration::from_secs(10));
+    assert_eq!(output.status.code(), Some(130), "{}", text(&output.stderr));
+    // Only the holder's key is left.
+    assert_eq!(cluster.nodes_holding("job", holder.token()).len(), cluster.count_key("job"));
+    runtime.block_on(holder.release()).unwrap();
+}
+
+#[test]
+fn fenced_runs_get_increasing_tokens() {
+    let cluster = cluster(3);
+    let dir = scratch();
+    let out = dir.join("tokens");
+    let script = format!("echo $REDLOCK_FENCING_TOKEN >> {}", out.display());
+    for _ in 0..3 {
+        let output =
+            redlock(&cluster).args(["run", "--fenced", "job"]).args(sh(&script)).output().unwrap();
+        assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    }
+    let tokens: Vec<u64> =
+        std::fs::read_to_string(&out).unwrap().lines().map(|l| l.trim().parse().unwrap()).collect();
+    assert_eq!(tokens.len(), 3);
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+}
+
+#[test]
+fn commands_that_cannot_run_exit_126_and_127_and_leave_no_key() {
+    let cluster = cluster(3);
+    let missing =
+        redlock(&cluster).args(["run", "job", "--", "/nonexistent/command"]).output().unwrap();
+    assert_eq!(missing.status.code(), Some(127), "{}", text(&missing.stderr));
+    let dir = scratch();
+    let file = dir.join("not-executable");
+    std::fs::write(&file, "#!/bin/sh\n").unwrap();
+    let denied = redlock(&cluster).args(["run", "job", "--"]).arg(&file).output().unwrap();
+    assert_eq!(denied.status.code(), Some(126), "{}", text(&denied.stderr));
+    assert_eq!(cluster.count_key("job"), 0);
+}
+
+#[test]
+fn redlocks_own_failures_exit_125() {
+    let output = Command::new(BIN)
+        .args(["run", "job", "--", "true"])
+        .env_remove("REDLOCK_NODES")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(125));
+    assert!(text(&output.stderr).contains("REDLOCK_NODES"));
+    // Every node down: unavailable, not a conflict.
+    let down = Command::new(BIN)
+        .env("REDLOCK_NODES", "redis://127.0.0.1:1,redis://127.0.0.1:2,redis://127.0.0.1:3")
+        .args(["run", "job", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(down.status.code(), Some(125), "{}", text(&down.stderr));
+}
+
+#[test]
+fn inspect_shows_the_holder_and_its_lease_per_node() {
+    let cluster = cluster(3);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let rl = redlock::Redlock::builder().nodes(cluster.urls()).build().unwrap();
+    let lock = runtime.block_on(async { rl.try_lock("job").await }).unwrap();
+    runtime.block_on(async {
+        while cluster.count_key("job") < 3 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+    let output = redlock(&cluster).args(["inspect", "job"]).output().unwrap();
+    let shown = text(&output.stdout);
+    assert_eq!(output.status.code(), Some(0));
+    assert_eq!(shown.matches(lock.token()).count(), 4, "{shown}"); // three nodes and the quorum line
+    assert!(shown.contains("pttl"), "{shown}");
+    let json = text(&redlock(&cluster).args(["inspect", "--json", "job"]).output().unwrap().stdout);
+    assert!(json.contains(&format!("\"holder\":\"{}\"", lock.token())), "{json}");
+    runtime.block_on(lock.release()).unwrap();
+    let free = text(&redlock(&cluster).args(["inspect", "job"]).output().unwrap().stdout);
+    assert!(free.contains("no holder on a quorum"), "{free}");
+}

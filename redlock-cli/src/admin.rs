@@ -147,7 +147,7 @@ pub(crate) async fn release(options: &Options, args: ReleaseArgs) -> u8 {
     }
 }
 
-async fn connect(url: &str, timeout: Duration) -> Result<MultiplexedConnection, String> {
+pub(crate) async fn connect(url: &str, timeout: Duration) -> Result<MultiplexedConnection, String> {
     let client = redis::Client::open(url).map_err(|err| err.to_string())?;
     let connecting = client.get_multiplexed_async_connection();
     match tokio::time::timeout(timeout.max(Duration::from_secs(1)), connecting).await {
@@ -157,7 +157,7 @@ async fn connect(url: &str, timeout: Duration) -> Result<MultiplexedConnection, 
     }
 }
 
-async fn bounded<T>(
+pub(crate) async fn bounded<T>(
     timeout: Duration,
     request: impl Future<Output = redis::RedisResult<T>>,
 ) -> Result<T, String> {
@@ -189,7 +189,7 @@ async fn look(
 }
 
 /// A node's URL without its password.
-fn redact(url: &str) -> String {
+pub(crate) fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
     match rest.rsplit_once('@') {
         Some((userinfo, host)) => {

@@ -7,6 +7,7 @@
 //! itself got signal N while waiting for the lock.
 
 mod admin;
+mod check;
 mod config;
 mod run;
 
@@ -48,6 +49,9 @@ enum Command {
     Inspect(admin::InspectArgs),
     /// Frees RESOURCE on every node whoever holds it (an administrator's last resort).
     Release(admin::ReleaseArgs),
+    /// Checks that every node fits the Redlock model: reachable, Redis 7.0+ or Valkey, an
+    /// independent master without replicas, persistence, eviction policy, duplicates, clocks.
+    Check,
 }
 
 fn main() -> ExitCode {
@@ -65,6 +69,7 @@ fn main() -> ExitCode {
             Command::Run(args) => run::run(&cli.config, args).await,
             Command::Inspect(args) => admin::inspect(&cli.config, args).await,
             Command::Release(args) => admin::release(&cli.config, args).await,
+            Command::Check => check::check(&cli.config).await,
         }
     });
     ExitCode::from(code)

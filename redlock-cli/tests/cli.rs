@@ -254,3 +254,75 @@ fn inspect_shows_the_holder_and_its_lease_per_node() {
     let free = text(&redlock(&cluster).args(["inspect", "job"]).output().unwrap().stdout);
     assert!(free.contains("no holder on a quorum"), "{free}");
 }
+
+fn check(urls: &[String]) -> (Option<i32>, String) {
+    let output =
+        Command::new(BIN).env("REDLOCK_NODES", urls.join(",")).arg("check").output().unwrap();
+    (output.status.code(), text(&output.stdout) + &text(&output.stderr))
+}
+
+#[test]
+fn check_passes_persistent_independent_masters() {
+    let config = redlock_testkit::NodeConfig::new()
+        .persistence(redlock_testkit::Persistence::AppendFsyncAlways);
+    let cluster = Cluster::start_with(3, config).unwrap();
+    let (code, shown) = check(&cluster.urls());
+    assert_eq!(code, Some(0), "{shown}");
+    assert!(shown.contains("fit the Redlock model"), "{shown}");
+    assert!(!shown.contains("warning"), "{shown}");
+}
+
+#[test]
+fn check_flags_everysec_lru_a_duplicate_url_and_a_replica() {
+    use redlock_testkit::{NodeConfig, RedisNode};
+    let everysec = RedisNode::start_with(
+        NodeConfig::new()
+            .extra_arg("--appendonly")
+            .extra_arg("yes")
+            .extra_arg("--appendfsync")
+            .extra_arg("everysec"),
+    )
+    .unwrap();
+    let lru = RedisNode::start_with(
+        NodeConfig::new().extra_arg("--maxmemory-policy").extra_arg("allkeys-lru"),
+    )
+    .unwrap();
+    let (code, shown) = check(&[everysec.url(), lru.url()]);
+    assert_eq!(code, Some(0), "warnings alone do not fail: {shown}");
+    assert!(shown.contains("appendfsync everysec"), "{shown}");
+    assert!(shown.contains("maxmemory-policy allkeys-lru can evict"), "{shown}");
+
+    // One server under two URLs: two votes.
+    let twice = vec![everysec.url(), everysec.url().replace("127.0.0.1", "localhost"), lru.url()];
+    let (code, shown) = check(&twice);
+    assert_eq!(code, Some(1), "{shown}");
+    assert!(shown.contains("same run_id"), "{shown}");
+
+    // A replica of one of them: the replica is not a master, the master has a replica.
+    let replica = RedisNode::start_with(
+        NodeConfig::new()
+            .extra_arg("--replicaof")
+            .extra_arg("127.0.0.1")
+            .extra_arg(lru.port().to_string()),
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let (mut code, mut shown) = check(&[lru.url(), replica.url(), everysec.url()]);
+    while !shown.contains("replica(s) attached") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        (code, shown) = check(&[lru.url(), replica.url(), everysec.url()]);
+    }
+    assert_eq!(code, Some(1), "{shown}");
+    assert!(shown.contains("not a master"), "{shown}");
+    assert!(shown.contains("replica(s) attached"), "{shown}");
+}
+
+#[test]
+fn check_fails_on_an_unreachable_node() {
+    let cluster = cluster(2);
+    let mut urls = cluster.urls();
+    urls.push("redis://127.0.0.1:1".to_owned());
+    let (code, shown) = check(&urls);
+    assert_eq!(code, Some(1), "{shown}");
+    assert!(shown.contains("unreachable"), "{shown}");
+}

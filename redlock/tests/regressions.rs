@@ -372,18 +372,16 @@ async fn contention_with_two_dead_nodes_of_five_is_not_acquired_for_every_kind()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_writer_giving_up_on_fresh_connections_leaves_no_intent() {
     let faulty = FaultyCluster::start(3).unwrap();
-    // The writer's connections open slowly: it gives up while they are still opening.
-    for i in 0..3 {
-        let fault = NetFault::Latency {
-            fixed: Duration::from_millis(10),
-            jitter: Duration::from_millis(20),
-        };
-        faulty.proxy(i).set_fault(fault);
-    }
+    // The writer's connection to node 2 opens slowly: the two others refuse it (a reader
+    // holds a share), and it gives up while its acquisition on node 2 still waits for that
+    // connection.
+    let fault =
+        NetFault::Latency { fixed: Duration::from_millis(40), jitter: Duration::from_millis(10) };
+    faulty.proxy(2).set_fault(fault);
     let cluster = faulty.cluster();
     let reader = common::client(cluster);
     let share = reader.read("doc").once().await.unwrap();
-    for round in 0..15 {
+    for round in 0..8 {
         // Fresh connections every round; waits a little, then gives up.
         let writer = Redlock::builder()
             .nodes(faulty.urls())
@@ -409,6 +407,8 @@ async fn a_writer_giving_up_on_fresh_connections_leaves_no_intent() {
                 .filter(|fields| fields.keys().any(|f| f.starts_with("i:")))
                 .count()
         };
+        // Everything delayed on node 2 lands first.
+        tokio::time::sleep(Duration::from_millis(300)).await;
         let withdrawn = common::eventually(Duration::from_secs(1), || intents() == 0).await;
         assert!(withdrawn, "round {round}: an intent stayed on {} node(s)", intents());
         reader.read("doc").once().await.unwrap().release().await.unwrap();

@@ -244,12 +244,18 @@ impl RedlockBuilder {
         config.key("x")?;
 
         let tasks = Arc::new(Tasks::default());
+        let servers = Arc::new(crate::server::Servers::default());
         let mut seen = HashSet::new();
         let mut nodes = Vec::with_capacity(self.nodes.len());
         for (i, url) in self.nodes.iter().enumerate() {
             let client = self.client(i, url)?;
-            let node =
-                Node::new(client, config.connect_timeout, config.restart_quarantine, tasks.clone());
+            let node = Node::new(
+                client,
+                config.connect_timeout,
+                config.restart_quarantine,
+                tasks.clone(),
+                servers.clone(),
+            );
             if !seen.insert(node.address()) {
                 // Counting one master twice (even as two databases) would give one process
                 // two votes.

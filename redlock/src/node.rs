@@ -109,6 +109,8 @@ pub(crate) struct Node {
     quarantined_until: Arc<Mutex<Option<Instant>>>,
     /// Whether a refused release notification was already reported.
     notify_refused: AtomicBool,
+    /// The server processes the client's nodes reached, shared by all of them.
+    servers: Arc<server::Servers>,
 }
 
 impl std::fmt::Debug for Node {
@@ -123,6 +125,7 @@ impl Node {
         connect_timeout: Duration,
         quarantine: Duration,
         tasks: Arc<Tasks>,
+        servers: Arc<server::Servers>,
     ) -> Self {
         let info = client.get_connection_info();
         let name = format!("{}/{}", info.addr(), info.redis_settings().db()).into();
@@ -135,6 +138,7 @@ impl Node {
             quarantine,
             quarantined_until: Arc::default(),
             notify_refused: AtomicBool::new(false),
+            servers,
         }
     }
 
@@ -273,8 +277,10 @@ impl Node {
         let client = self.client.clone();
         let timeout = self.connect_timeout;
         let (quarantine, quarantined_until) = (self.quarantine, self.quarantined_until.clone());
+        let (servers, name) = (self.servers.clone(), self.name.clone());
         let task = self.tasks.spawn_with_handle(async move {
-            let open = open(&client, timeout, quarantine, &quarantined_until);
+            let seen = Seen { servers: &servers, name: &name };
+            let open = open(&client, timeout, quarantine, &quarantined_until, seen);
             match tokio::time::timeout(timeout, open).await {
                 Ok(result) => result,
                 Err(_) => Err(Failure::Unreachable("connect timed out".into())),
@@ -313,6 +319,7 @@ async fn open(
     timeout: Duration,
     quarantine: Duration,
     quarantined_until: &Mutex<Option<Instant>>,
+    seen: Seen<'_>,
 ) -> Result<MultiplexedConnection, Failure> {
     let unreachable = |err: RedisError| Failure::Unreachable(err.to_string().into());
     let config = AsyncConnectionConfig::new()
@@ -366,9 +373,15 @@ async fn open(
         }
         Err(failure) => return Err(failure),
     };
-    server::parse(&info)
+    let server = server::parse(&info);
+    server
         .check()
         .map_err(|why| Failure::Server { code: "UNSUPPORTED".into(), message: why.into() })?;
+    if let Some(run_id) = &server.run_id {
+        seen.servers
+            .claim(seen.name, run_id)
+            .map_err(|why| Failure::Server { code: "DUPLICATE".into(), message: why.into() })?;
+    }
     if !quarantine.is_zero() {
         let uptime = quarantine::parse_uptime(&info).unwrap_or_else(|| {
             // Without an uptime, the safe assumption is a process that just started.
@@ -378,6 +391,13 @@ async fn open(
         *lock_ignoring_poison(quarantined_until) = quarantine::end(replied_at, uptime, quarantine);
     }
     Ok(connection)
+}
+
+/// Where a connecting node records the server it reached.
+#[derive(Clone, Copy)]
+struct Seen<'a> {
+    servers: &'a server::Servers,
+    name: &'a Arc<str>,
 }
 
 /// The critical sections never panic; if one ever did, its state is still usable.

@@ -42,6 +42,8 @@ pub(crate) struct Server {
     pub(crate) version: Option<Version>,
     /// The Redis version the server says it is compatible with (`redis_version`).
     pub(crate) redis_version: Option<Version>,
+    /// The id of the server's process (`run_id`), the same whatever address reaches it.
+    pub(crate) run_id: Option<String>,
 }
 
 /// Parses an `INFO server` reply.
@@ -57,7 +59,8 @@ pub(crate) fn parse(info: &str) -> Server {
         .or_else(|| field("dragonfly_version").map(|_| "dragonfly".to_owned()))
         .unwrap_or_else(|| "redis".to_owned());
     let own_version = field(&format!("{name}_version")).and_then(Version::parse);
-    Server { name, version: own_version.or(redis_version), redis_version }
+    let run_id = field("run_id").filter(|id| !id.is_empty()).map(str::to_owned);
+    Server { name, version: own_version.or(redis_version), redis_version, run_id }
 }
 
 impl Server {
@@ -79,6 +82,30 @@ impl Server {
             "{server} is not supported: Redis {MIN_REDIS} or later (or Valkey) is needed, for \
              `SET ... NX GET`"
         ))
+    }
+}
+
+/// Which server process each node reached, so that two URLs of one server (an alias, an
+/// IP and a name, two ports of one proxy) cannot give it two votes.
+#[derive(Debug, Default)]
+pub(crate) struct Servers {
+    by_node: std::sync::Mutex<std::collections::HashMap<std::sync::Arc<str>, String>>,
+}
+
+impl Servers {
+    /// Records that `node` reached the process `run_id`; `Err` with the reason when another
+    /// node already reached it.
+    pub(crate) fn claim(&self, node: &std::sync::Arc<str>, run_id: &str) -> Result<(), String> {
+        let mut by_node = self.by_node.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((other, _)) = by_node.iter().find(|(other, id)| *other != node && *id == run_id)
+        {
+            return Err(format!(
+                "this is the same server as node {other} (run_id {run_id}): one server must not \
+                 vote twice; list each master once"
+            ));
+        }
+        by_node.insert(node.clone(), run_id.to_owned());
+        Ok(())
     }
 }
 
@@ -149,5 +176,16 @@ mod tests {
         assert_eq!(parse("redis_version:7.0.0-rc1\r\n").check(), Ok(()));
         assert_eq!(parse("redis_version:6.9.9999999999999\r\n").redis_version, None);
         assert_eq!(parse("redis_version_x:1.0\r\n").redis_version, None);
+    }
+
+    #[test]
+    fn one_server_under_two_names_is_claimed_once() {
+        let servers = Servers::default();
+        let (a, b): (std::sync::Arc<str>, std::sync::Arc<str>) = ("a".into(), "b".into());
+        assert!(servers.claim(&a, "r1").is_ok());
+        assert!(servers.claim(&a, "r1").is_ok(), "a reconnect of the same node");
+        assert!(servers.claim(&b, "r1").unwrap_err().contains("node a"));
+        assert!(servers.claim(&b, "r2").is_ok());
+        assert!(servers.claim(&a, "r3").is_ok(), "a restart gives a new run_id");
     }
 }

@@ -75,3 +75,23 @@ async fn a_killed_node_is_reported_unreachable() {
     assert!(matches!(outcomes[1], NodeOutcome::Unreachable(_)), "{err}");
     assert!(err.nodes()[0].node().starts_with("127.0.0.1:"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_server_under_two_urls_gets_one_vote() {
+    let mut cluster = common::cluster(2);
+    let first = cluster.node(0).url();
+    let alias = first.replace("127.0.0.1", "localhost");
+    let rl = redlock::Redlock::builder()
+        .nodes([first, alias, cluster.node(1).url()])
+        .node_timeout(Duration::from_millis(500))
+        .retry(redlock::Retry::never())
+        .build()
+        .unwrap();
+    // Both distinct servers up: granted by two votes of three, the alias refused.
+    rl.try_lock("k").await.unwrap().release().await.unwrap();
+    // One real server left: it must not win the lock with two votes.
+    cluster.node_mut(1).kill().unwrap();
+    let err = rl.try_lock("k").await.unwrap_err();
+    assert_eq!(err.kind(), redlock::ErrorKind::Unavailable, "{err}");
+    assert!(err.to_string().contains("same server as node"), "{err}");
+}

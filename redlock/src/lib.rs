@@ -127,6 +127,7 @@ mod client;
 mod command;
 mod config;
 mod engine;
+mod env;
 mod error;
 pub mod fence;
 mod guard;

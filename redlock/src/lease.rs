@@ -307,7 +307,15 @@ async fn extend<G: Guard>(
     mut stop: oneshot::Receiver<()>,
 ) -> G {
     let ttl = guard.ttl();
-    let lose = |err: Error| status.send_modify(|s| s.end = s.end.take().or(Some(End::Lost(err))));
+    let lose = |err: Error| {
+        let reason = err.kind().as_str();
+        status.send_modify(|s| {
+            if s.end.is_none() {
+                crate::telemetry::lost(reason);
+            }
+            s.end = s.end.take().or(Some(End::Lost(err)));
+        });
+    };
     loop {
         let due = next_extension(Instant::now(), guard.deadline(), ttl);
         tokio::select! {

@@ -142,6 +142,7 @@ mod retry;
 mod secret;
 mod server;
 mod tasks;
+mod telemetry;
 mod token;
 
 pub use crate::builder::RedlockBuilder;

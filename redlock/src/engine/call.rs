@@ -16,6 +16,7 @@ use std::sync::Arc;
 use crate::command::Command;
 use crate::error::NodeOutcome;
 use crate::node::Reply;
+use crate::telemetry;
 
 use super::Core;
 use super::protocol::{Answer, Op};
@@ -54,6 +55,7 @@ impl NodeCall {
         let timeout = core.config.node_timeout;
         async move {
             let _settle = SettleOnDrop(slot);
+            let started = std::time::Instant::now();
             let reply = if op == Op::Acquire {
                 let exchange = async {
                     slot::all_settled(&after).await;
@@ -65,6 +67,7 @@ impl NodeCall {
                 tokio::time::timeout(timeout, node.send(&command)).await
             };
             let Ok(reply) = reply else {
+                telemetry::node_request(node.name(), op.as_str(), "timed_out", started.elapsed());
                 return (i, NodeOutcome::TimedOut);
             };
             let mut answer = read(&reply);
@@ -78,6 +81,8 @@ impl NodeCall {
             if answer.outcome == NodeOutcome::Ok && op.is_vote() && node.in_quarantine() {
                 answer.outcome = NodeOutcome::Quarantined;
             }
+            let outcome = telemetry::node_outcome(&answer.outcome);
+            telemetry::node_request(node.name(), op.as_str(), outcome, started.elapsed());
             (i, answer.outcome)
         }
     }

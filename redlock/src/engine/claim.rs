@@ -12,6 +12,7 @@ use crate::command::Command;
 use crate::config::Ttl;
 use crate::error::{Error, ErrorKind, NodeOutcome, Result};
 use crate::quorum::{self, Settled};
+use crate::telemetry;
 
 use super::Core;
 use super::call::NodeCall;
@@ -35,6 +36,8 @@ pub(crate) struct Claim<P: Protocol> {
     deadline: Instant,
     fence: Option<u64>,
     armed: bool,
+    /// When the granting round started: the hold's duration counts from here.
+    since: Instant,
 }
 
 impl<P: Protocol> Claim<P> {
@@ -58,8 +61,14 @@ impl<P: Protocol> Claim<P> {
             elapsed = tracing::field::Empty,
             nodes = tracing::field::Empty,
         );
+        let kind = proto.kind();
         let attempt = Self::acquire_round(core, proto, ttl, resource, fenced);
         let result = attempt.instrument(span.clone()).await;
+        let outcome = match &result {
+            Ok(_) => "granted",
+            Err((err, _)) => err.kind().as_str(),
+        };
+        telemetry::attempted(kind, outcome);
         if !span.is_disabled() {
             let (outcome, round) = match &result {
                 Ok((_, round)) => ("granted", round),
@@ -102,6 +111,7 @@ impl<P: Protocol> Claim<P> {
             deadline: ttl.deadline(started_at),
             fence: None,
             armed: true,
+            since: started_at,
         };
         let requests: Vec<_> = (0..n)
             .map(|i| {
@@ -204,6 +214,13 @@ impl<P: Protocol> Claim<P> {
     /// Renews the lease to `ttl` from now on every node that still holds this claim, decided
     /// at the quorum; a failed extension deletes nothing and keeps the old validity.
     pub(crate) async fn extend(&mut self, ttl: Duration) -> Result<()> {
+        let result = self.extend_round(ttl).await;
+        let outcome = telemetry::outcome(result.as_ref().map(|_| ()).map_err(Error::kind));
+        telemetry::extended(self.proto.kind(), outcome);
+        result
+    }
+
+    async fn extend_round(&mut self, ttl: Duration) -> Result<()> {
         let ttl = self.core.config.ttl(Some(ttl))?;
         if !self.is_valid() {
             return Err(self.local_error(ErrorKind::NotHeld, "validity is over: not extending"));
@@ -244,7 +261,18 @@ impl<P: Protocol> Claim<P> {
 
     /// Releases on every node, returning at the quorum; the other nodes finish in the
     /// background. `Ok` means the lock was held until this call.
-    pub(crate) async fn release(mut self) -> Result<()> {
+    pub(crate) async fn release(self) -> Result<()> {
+        let kind = self.proto.kind();
+        telemetry::held(kind, self.since.elapsed());
+        let result = self.release_round().await;
+        telemetry::released(
+            kind,
+            telemetry::outcome(result.as_ref().map(|_| ()).map_err(Error::kind)),
+        );
+        result
+    }
+
+    async fn release_round(mut self) -> Result<()> {
         let was_valid = self.is_valid();
         let (round, rest, tracked) = self.undo_round(Op::Release).await;
         self.finish_undos(Place::Caller, rest, tracked, "release");
@@ -393,6 +421,8 @@ impl<P: Protocol> Claim<P> {
 impl<P: Protocol> Drop for Claim<P> {
     fn drop(&mut self) {
         if self.armed {
+            telemetry::held(self.proto.kind(), self.since.elapsed());
+            telemetry::released(self.proto.kind(), "dropped");
             self.release_detached();
         }
     }

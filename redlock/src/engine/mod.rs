@@ -123,8 +123,31 @@ where
     P: Protocol,
     F: FnMut() -> P,
 {
-    let (ttl, fenced) = (plan.ttl, plan.fenced);
+    let started = std::time::Instant::now();
     let first = attempt();
+    let kind = first.kind();
+    let result = obtain_from(core, plan, resource, first, attempt, withdrawal).await;
+    let outcome = match &result {
+        Ok(_) => "granted",
+        Err(err) => err.kind().as_str(),
+    };
+    crate::telemetry::acquired(kind, outcome, started.elapsed());
+    result
+}
+
+async fn obtain_from<P, F>(
+    core: &Arc<Core>,
+    plan: &Plan,
+    resource: Arc<str>,
+    first: P,
+    mut attempt: F,
+    withdrawal: Option<Command>,
+) -> Result<Claim<P>>
+where
+    P: Protocol,
+    F: FnMut() -> P,
+{
+    let (ttl, fenced) = (plan.ttl, plan.fenced);
     let Some(retry) = &plan.retry else {
         return Claim::acquire(core, first, ttl, resource, fenced).await;
     };

@@ -27,6 +27,19 @@ pub(crate) enum Op {
     Check,
 }
 
+impl Op {
+    /// A stable name, for metrics labels.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Acquire => "acquire",
+            Self::Extend => "extend",
+            Self::Release => "release",
+            Self::CleanUp => "clean_up",
+            Self::Check => "check",
+        }
+    }
+}
+
 /// A node's answer, as the round counts it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Answer {

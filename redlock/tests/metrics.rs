@@ -1,0 +1,101 @@
+//! Metrics (feature `metrics`) through a debugging recorder, in real scenarios: contention,
+//! killed nodes counted as unreachable, a loss counted with its reason.
+#![cfg(feature = "metrics")]
+
+mod common;
+
+use std::time::Duration;
+
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+
+/// A series: its name and labels.
+type Series = (String, Vec<(String, String)>);
+
+/// What the recorder saw so far. A snapshot drains what it reports, so every value seen is
+/// added up here.
+struct Seen {
+    snapshotter: Snapshotter,
+    /// (name, labels) -> counter total or histogram sample count.
+    totals: Vec<(Series, u64)>,
+}
+
+impl Seen {
+    fn refresh(&mut self) {
+        for (key, _, _, value) in self.snapshotter.snapshot().into_vec() {
+            let name = key.key().name().to_owned();
+            let labels: Vec<(String, String)> =
+                key.key().labels().map(|l| (l.key().to_owned(), l.value().to_owned())).collect();
+            let n = match value {
+                DebugValue::Counter(n) => n,
+                DebugValue::Histogram(values) => values.len() as u64,
+                DebugValue::Gauge(_) => 0,
+            };
+            match self.totals.iter_mut().find(|((k, l), _)| *k == name && *l == labels) {
+                Some((_, total)) => *total += n,
+                None => self.totals.push(((name, labels), n)),
+            }
+        }
+    }
+
+    /// The total of `name` (a counter's count, a histogram's samples) over the series whose
+    /// labels include all of `labels`.
+    fn total(&mut self, name: &str, labels: &[(&str, &str)]) -> u64 {
+        self.refresh();
+        self.totals
+            .iter()
+            .filter(|((k, l), _)| {
+                k == name && labels.iter().all(|(lk, lv)| l.iter().any(|(k, v)| k == lk && v == lv))
+            })
+            .map(|(_, n)| n)
+            .sum()
+    }
+}
+
+#[test]
+fn the_lock_reports_contention_unreachable_nodes_and_losses() {
+    let recorder = DebuggingRecorder::new();
+    let mut seen = Seen { snapshotter: recorder.snapshotter(), totals: Vec::new() };
+    metrics::set_global_recorder(recorder).unwrap();
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    runtime.block_on(async {
+        let mut cluster = common::cluster(3);
+        let holder = common::client(&cluster);
+        let other = common::client(&cluster);
+
+        // Contention: a refused attempt, counted as such.
+        let lock = holder.try_lock("job").await.unwrap();
+        other.try_lock("job").await.unwrap_err();
+        assert_eq!(seen.total("redlock_contention_total", &[("kind", "lock")]), 1);
+        assert_eq!(
+            seen.total("redlock_attempts_total", &[("kind", "lock"), ("outcome", "not_acquired")]),
+            1
+        );
+        lock.release().await.unwrap();
+        assert_eq!(seen.total("redlock_releases_total", &[("outcome", "ok")]), 1);
+        assert!(seen.total("redlock_acquire_duration_seconds", &[("outcome", "granted")]) >= 1);
+        assert!(seen.total("redlock_hold_duration_seconds", &[("kind", "lock")]) >= 1);
+
+        // A killed node: its requests are counted as unreachable, under its own label.
+        let dead = format!("127.0.0.1:{}/0", cluster.node(2).port());
+        cluster.node_mut(2).kill().unwrap();
+        holder.try_lock("k2").await.unwrap().release().await.unwrap();
+        let unreachable = seen.total(
+            "redlock_node_requests_total",
+            &[("node", dead.as_str()), ("op", "acquire"), ("outcome", "unreachable")],
+        );
+        assert_eq!(unreachable, 1, "{dead}");
+
+        // A loss: the auto-extended lock loses its majority.
+        let short = common::builder(&cluster, Duration::from_millis(100))
+            .ttl(Duration::from_millis(600))
+            .build()
+            .unwrap();
+        let auto = short.try_lock("k3").await.unwrap().auto_extend();
+        cluster.node_mut(1).kill().unwrap();
+        let err = tokio::time::timeout(Duration::from_secs(3), auto.lost()).await.unwrap();
+        let reason = err.kind().as_str();
+        assert_eq!(seen.total("redlock_losses_total", &[("reason", reason)]), 1, "{err}");
+        assert!(seen.total("redlock_extensions_total", &[]) >= 1);
+    });
+}

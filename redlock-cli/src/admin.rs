@@ -1,9 +1,7 @@
 //! `redlock inspect` and `redlock release --force`: what an operator needs by hand.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
-use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 
 use crate::EXIT_FAILURE;
@@ -31,75 +29,62 @@ pub(crate) struct ReleaseArgs {
     resource: String,
 }
 
-/// What one node says about a key.
-#[derive(Debug)]
-struct Seen {
-    node: String,
-    /// The holder: the token of a plain lock, the hold fields of a hash kind.
-    holder: Option<String>,
-    pttl: Option<i64>,
-    error: Option<String>,
-}
-
 pub(crate) async fn inspect(options: &Options, args: InspectArgs) -> u8 {
-    if options.nodes.is_empty() {
-        eprintln!("redlock: no nodes: give --nodes or REDLOCK_NODES");
-        return EXIT_FAILURE;
-    }
-    let key = options.key(&args.resource);
-    let mut seen = Vec::new();
-    for url in &options.nodes {
-        let node = redact(url);
-        let looked = match connect(url, options.node_timeout).await {
-            Ok(mut con) => look(&mut con, &key, options.node_timeout).await,
-            Err(err) => Err(err),
-        };
-        seen.push(match looked {
-            Ok((holder, pttl)) => Seen { node, holder, pttl, error: None },
-            Err(error) => Seen { node, holder: None, pttl: None, error: Some(error) },
-        });
-    }
-    let quorum = options.nodes.len() / 2 + 1;
-    let mut votes: BTreeMap<&str, usize> = BTreeMap::new();
-    for holder in seen.iter().filter_map(|s| s.holder.as_deref()) {
-        *votes.entry(holder).or_default() += 1;
-    }
-    let agreed = votes.iter().find(|(_, n)| **n >= quorum).map(|(holder, _)| *holder);
+    let rl = match options.client() {
+        Ok(rl) => rl,
+        Err(err) => {
+            eprintln!("redlock: {err}");
+            return EXIT_FAILURE;
+        }
+    };
+    let seen = match rl.inspect(&args.resource).await {
+        Ok(seen) => seen,
+        Err(err) => {
+            eprintln!("redlock: {err}");
+            return EXIT_FAILURE;
+        }
+    };
+    let quorum = rl.quorum();
+    let ms = |ttl: Option<std::time::Duration>| ttl.map(|ttl| ttl.as_millis());
     if args.json {
         let nodes: Vec<String> = seen
+            .nodes
             .iter()
-            .map(|s| {
+            .map(|view| {
                 format!(
                     "{{\"node\":{},\"holder\":{},\"pttl_ms\":{},\"error\":{}}}",
-                    json(&s.node),
-                    s.holder.as_deref().map_or("null".to_owned(), json),
-                    s.pttl.map_or("null".to_owned(), |ms| ms.to_string()),
-                    s.error.as_deref().map_or("null".to_owned(), json),
+                    json(&view.node),
+                    view.holder.as_deref().map_or("null".to_owned(), json),
+                    ms(view.ttl).map_or("null".to_owned(), |ms| ms.to_string()),
+                    view.error.as_deref().map_or("null".to_owned(), json),
                 )
             })
             .collect();
         println!(
             "{{\"resource\":{},\"key\":{},\"quorum\":{quorum},\"holder\":{},\"nodes\":[{}]}}",
             json(&args.resource),
-            json(&key),
-            agreed.map_or("null".to_owned(), json),
+            json(&seen.key),
+            seen.holder.as_deref().map_or("null".to_owned(), json),
             nodes.join(",")
         );
     } else {
-        for s in &seen {
-            match (&s.error, &s.holder) {
-                (Some(err), _) => println!("{}: unreachable: {err}", s.node),
-                (None, None) => println!("{}: free", s.node),
+        for view in &seen.nodes {
+            match (&view.error, &view.holder) {
+                (Some(err), _) => println!("{}: unreachable: {err}", view.node),
+                (None, None) => println!("{}: free", view.node),
                 (None, Some(holder)) => {
-                    println!("{}: {holder} (pttl {} ms)", s.node, s.pttl.unwrap_or(-1));
+                    let pttl = ms(view.ttl).map_or("none".to_owned(), |ms| ms.to_string());
+                    println!("{}: {holder} (pttl {pttl} ms)", view.node);
                 }
             }
         }
-        match agreed {
-            Some(holder) => println!("held by {holder} on a quorum ({quorum} of {})", seen.len()),
-            None => println!("no holder on a quorum ({quorum} of {})", seen.len()),
+        let n = seen.nodes.len();
+        match &seen.holder {
+            Some(holder) => println!("held by {holder} on a quorum ({quorum} of {n})"),
+            None => println!("no holder on a quorum ({quorum} of {n})"),
         }
     }
+    shut_down(&rl).await;
     0
 }
 
@@ -111,39 +96,30 @@ pub(crate) async fn release(options: &Options, args: ReleaseArgs) -> u8 {
         );
         return EXIT_FAILURE;
     }
-    if options.nodes.is_empty() {
-        eprintln!("redlock: no nodes: give --nodes or REDLOCK_NODES");
-        return EXIT_FAILURE;
-    }
-    let key = options.key(&args.resource);
-    let channel = format!("redlock:released:{key}");
-    let mut done = 0;
-    for url in &options.nodes {
-        let node = redact(url);
-        let outcome = match connect(url, options.node_timeout).await {
-            Ok(mut con) => {
-                let deleted = bounded(options.node_timeout, con.del::<_, i64>(&key)).await;
-                // Waiters are woken; a refused notification only makes them poll.
-                let _ =
-                    bounded(options.node_timeout, con.publish::<_, _, i64>(&channel, "1")).await;
-                deleted
-            }
-            Err(err) => Err(err),
-        };
-        match outcome {
-            Ok(n) => {
-                done += 1;
-                println!("{node}: {}", if n > 0 { "deleted" } else { "was free" });
-            }
-            Err(err) => println!("{node}: failed: {err}"),
+    let rl = match options.client() {
+        Ok(rl) => rl,
+        Err(err) => {
+            eprintln!("redlock: {err}");
+            return EXIT_FAILURE;
         }
-    }
-    let quorum = options.nodes.len() / 2 + 1;
-    if done >= quorum {
-        0
-    } else {
-        eprintln!("redlock: only {done} of {} nodes answered", options.nodes.len());
-        EXIT_FAILURE
+    };
+    let code = match rl.force_release(&args.resource).await {
+        Ok(answered) => {
+            println!("{}: released on {answered} of {} nodes", args.resource, rl.node_count());
+            0
+        }
+        Err(err) => {
+            eprintln!("redlock: {err}");
+            EXIT_FAILURE
+        }
+    };
+    shut_down(&rl).await;
+    code
+}
+
+async fn shut_down(rl: &redlock::Redlock) {
+    if let Err(err) = rl.shutdown(std::time::Duration::from_secs(2)).await {
+        eprintln!("redlock: shutdown: {err}");
     }
 }
 
@@ -166,26 +142,6 @@ pub(crate) async fn bounded<T>(
         Ok(Err(err)) => Err(err.to_string()),
         Err(_) => Err(format!("no answer within {timeout:?}")),
     }
-}
-
-/// The holder and the remaining lease of `key` on one node.
-async fn look(
-    con: &mut MultiplexedConnection,
-    key: &str,
-    timeout: Duration,
-) -> Result<(Option<String>, Option<i64>), String> {
-    let kind: String = bounded(timeout, redis::cmd("TYPE").arg(key).query_async(con)).await?;
-    let holder = match kind.as_str() {
-        "none" => return Ok((None, None)),
-        "string" => bounded(timeout, con.get::<_, Option<String>>(key)).await?,
-        "hash" => {
-            let fields: Vec<String> = bounded(timeout, con.hkeys(key)).await?;
-            Some(fields.join(" "))
-        }
-        other => Some(format!("a {other}, not a lock")),
-    };
-    let pttl: i64 = bounded(timeout, con.pttl(key)).await?;
-    Ok((holder, Some(pttl)))
 }
 
 /// A node's URL without its password.

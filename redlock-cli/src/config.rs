@@ -41,11 +41,6 @@ impl Options {
             .build()
             .map_err(|err| err.to_string())
     }
-
-    /// The key of `resource` on the nodes.
-    pub(crate) fn key(&self, resource: &str) -> String {
-        format!("{}{resource}", self.key_prefix)
-    }
 }
 
 /// How long to wait for the lock: `0` (one attempt), a duration, or `forever`.

@@ -32,7 +32,7 @@ use crate::request::{
 /// | [`with_lock`](Redlock::with_lock) | [`Lease`] | any of the above, kept alive while work runs |
 #[derive(Clone)]
 pub struct Redlock {
-    core: Arc<Core>,
+    pub(crate) core: Arc<Core>,
 }
 
 impl fmt::Debug for Redlock {

@@ -41,6 +41,8 @@ scripts! {
     RW_RELEASE = "rw_fields.lua", "hash_common.lua", "hash_release.lua";
     RW_EXTEND = "rw_fields.lua", "hash_common.lua", "hash_extend.lua";
     RW_CHECK = "rw_fields.lua", "hash_common.lua", "hash_check.lua";
+    INSPECT = "inspect.lua";
+    FORCE_RELEASE = "force_release.lua";
 }
 
 /// Whether a command may be sent a second time when the connection it went out on dropped

@@ -1,0 +1,60 @@
+//! Operators' calls: inspecting a lock, and freeing it by hand.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use redlock::{ErrorKind, Redlock, Retry};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_shows_each_nodes_holder_and_lease_and_the_quorums_holder() {
+    let mut cluster = common::cluster(3);
+    let rl = common::client(&cluster);
+    let lock = rl.try_lock("job").await.unwrap();
+    assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("job") == 3).await);
+    let seen = rl.inspect("job").await.unwrap();
+    assert_eq!(seen.holder.as_deref(), Some(lock.token()));
+    for view in &seen.nodes {
+        assert_eq!(view.holder.as_deref(), Some(lock.token()));
+        assert!(view.ttl.is_some_and(|ttl| ttl <= lock.ttl() && ttl > Duration::ZERO), "{view:?}");
+    }
+    let hold = rl.reentrant("job2", "worker-1").await.unwrap();
+    let seen = rl.inspect("job2").await.unwrap();
+    assert!(seen.nodes.iter().filter_map(|v| v.holder.as_deref()).any(|h| h.contains("worker-1")));
+    cluster.node_mut(2).kill().unwrap();
+    let seen = rl.inspect("job").await.unwrap();
+    assert!(seen.nodes[2].error.is_some(), "{seen:?}");
+    assert_eq!(seen.holder.as_deref(), Some(lock.token()));
+    drop((lock, hold));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_release_frees_the_lock_wakes_a_waiter_and_fails_the_holders_extension() {
+    let cluster = common::cluster(3);
+    let holder = common::client(&cluster);
+    let mut lock = holder.try_lock("job").await.unwrap();
+    // Polls only every 5 s: a quick grant can only come from the release notification.
+    let waiter = Redlock::builder()
+        .nodes(cluster.urls())
+        .retry(
+            Retry::new()
+                .with_unbounded_attempts()
+                .with_delay(Duration::from_secs(5))
+                .with_max_wait(Duration::from_secs(20)),
+        )
+        .build()
+        .unwrap();
+    let waiting = tokio::spawn(async move {
+        let started = Instant::now();
+        let lock = waiter.lock("job").await.unwrap();
+        (started.elapsed(), lock)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let admin = common::client(&cluster);
+    assert_eq!(admin.force_release("job").await.unwrap(), 3);
+    let (waited, granted) = waiting.await.unwrap();
+    assert!(waited < Duration::from_secs(3), "woken by the forced release: {waited:?}");
+    let err = lock.extend(Duration::from_secs(10)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotHeld);
+    granted.release().await.unwrap();
+}

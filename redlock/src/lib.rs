@@ -130,6 +130,8 @@ mod engine;
 mod env;
 mod error;
 pub mod fence;
+#[cfg(feature = "serde")]
+mod file_config;
 mod guard;
 pub mod guide;
 mod inspect;
@@ -149,6 +151,8 @@ mod token;
 pub use crate::builder::RedlockBuilder;
 pub use crate::client::{IntoRequest, Redlock};
 pub use crate::error::{Error, ErrorKind, NodeOutcome, NodeReport, Result};
+#[cfg(feature = "serde")]
+pub use crate::file_config::RedlockConfig;
 pub use crate::guard::Guard;
 pub use crate::inspect::{Inspection, NodeView};
 pub use crate::kinds::multi::MultiLock;

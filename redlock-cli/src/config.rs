@@ -25,6 +25,9 @@ pub(crate) struct Options {
     /// Put before every resource name to make its key.
     #[arg(long, env = "REDLOCK_KEY_PREFIX", default_value = "", global = true)]
     pub(crate) key_prefix: String,
+    /// Who holds the lock, stored with its token and shown by `inspect` (default: host/pid).
+    #[arg(long, env = "REDLOCK_OWNER_LABEL", global = true)]
+    pub(crate) owner_label: Option<String>,
 }
 
 impl Options {
@@ -38,9 +41,25 @@ impl Options {
             .ttl(self.ttl)
             .node_timeout(self.node_timeout)
             .key_prefix(self.key_prefix.clone())
+            .owner_label(self.owner_label.clone().unwrap_or_else(default_label))
             .build()
             .map_err(|err| err.to_string())
     }
+}
+
+/// `host/pid`, with anything a label may not hold replaced by `_`.
+fn default_label() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+        .unwrap_or_else(|_| "unknown".to_owned());
+    let host: String = host
+        .trim()
+        .chars()
+        .take(40)
+        .map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' })
+        .collect();
+    let host = if host.is_empty() { "unknown".to_owned() } else { host };
+    format!("{host}/{}", std::process::id())
 }
 
 /// How long to wait for the lock: `0` (one attempt), a duration, or `forever`.

@@ -84,7 +84,10 @@ fn the_command_gets_the_lock_in_its_environment_and_its_status_is_passed_on() {
     let seen = std::fs::read_to_string(&out).unwrap();
     let (resource, token) = seen.trim().split_once(' ').unwrap();
     assert_eq!(resource, "nightly");
-    assert_eq!(token.len(), 40);
+    // 40 hex characters, then the owner label: this machine and redlock's pid.
+    let (random, label) = token.split_once('.').unwrap();
+    assert_eq!(random.len(), 40);
+    assert!(label.contains('/'), "{label}");
     // Released on every node before redlock exited.
     assert_eq!(cluster.count_key("nightly"), 0);
 }
@@ -243,6 +246,16 @@ fn inspect_shows_the_holder_and_its_lease_per_node() {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     });
+    let started = scratch().join("started");
+    let labelled = redlock(&cluster)
+        .args(["run", "--owner-label", "cron-7", "--wait", "0", "other"])
+        .args(sh(&format!("touch {}; sleep 0.5", started.display())))
+        .spawn()
+        .unwrap();
+    assert!(wait_for(&started, Duration::from_secs(5)));
+    let shown = text(&redlock(&cluster).args(["inspect", "other"]).output().unwrap().stdout);
+    assert!(shown.contains(".cron-7 (pttl"), "the label is shown: {shown}");
+    finish(labelled, Duration::from_secs(5));
     let output = redlock(&cluster).args(["inspect", "job"]).output().unwrap();
     let shown = text(&output.stdout);
     assert_eq!(output.status.code(), Some(0));

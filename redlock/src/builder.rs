@@ -63,6 +63,7 @@ pub struct RedlockBuilder {
     retry: Retry,
     key_prefix: String,
     restart_quarantine: Duration,
+    owner_label: Option<String>,
 }
 
 impl Default for RedlockBuilder {
@@ -77,6 +78,7 @@ impl Default for RedlockBuilder {
             retry: Retry::default(),
             key_prefix: String::new(),
             restart_quarantine: Duration::ZERO,
+            owner_label: None,
         }
     }
 }
@@ -176,6 +178,16 @@ impl RedlockBuilder {
         self
     }
 
+    /// A label that says who holds a lock (such as `host/pid`), stored with every token of
+    /// this client: `<40 hex>.<label>`, so that `redis-cli GET` and
+    /// [`Redlock::inspect`](crate::Redlock::inspect) show it. Tokens are still compared
+    /// whole, so safety is unchanged. At most 64 characters of `A-Z a-z 0-9 . _ / @ -`.
+    /// Default: none.
+    pub fn owner_label(mut self, label: impl Into<String>) -> Self {
+        self.owner_label = Some(label.into());
+        self
+    }
+
     /// Keeps a node whose Redis process started less than `period` ago out of the quorum
     /// of acquire and extend (keys are still written and released there).
     ///
@@ -239,6 +251,12 @@ impl RedlockBuilder {
             retry: self.retry,
             key_prefix: self.key_prefix.clone(),
             restart_quarantine: self.restart_quarantine,
+            owner_label: match &self.owner_label {
+                Some(label) => {
+                    Some(crate::token::check_label(label).map_err(Error::config)?.into())
+                }
+                None => None,
+            },
         };
         // The prefix alone must make a valid key.
         config.key("x")?;

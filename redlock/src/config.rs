@@ -22,6 +22,8 @@ pub(crate) struct Config {
     pub(crate) retry: Retry,
     pub(crate) key_prefix: String,
     pub(crate) restart_quarantine: Duration,
+    /// Put after every token of this client (`<token>.<label>`).
+    pub(crate) owner_label: Option<std::sync::Arc<str>>,
 }
 
 impl Config {
@@ -127,6 +129,7 @@ pub(crate) fn config(prefix: &str) -> Config {
         retry: Retry::default(),
         key_prefix: prefix.to_owned(),
         restart_quarantine: Duration::ZERO,
+        owner_label: None,
     }
 }
 

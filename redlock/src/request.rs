@@ -196,7 +196,7 @@ impl<'a> IntoFuture for LockRequest<'a> {
             let (core, config) = (self.core, &self.core.config);
             let key = config.key(self.resource)?;
             let plan = self.options.plan(config)?;
-            let new = || Plain::new(key.clone());
+            let new = || Plain::new(key.clone(), label_of(core));
             let claim = engine::obtain(core, &plan, self.resource.into(), new, None).await?;
             Ok(Lock::from_claim(claim))
         })
@@ -213,7 +213,7 @@ impl<'a> IntoFuture for ReentrantRequest<'a> {
             let key = config.key(self.resource)?;
             let owner = Reentrant::check_owner(self.owner)?;
             let plan = self.options.plan(config)?;
-            let new = || Reentrant::new(key.clone(), owner.clone());
+            let new = || Reentrant::new(key.clone(), owner.clone(), label_of(core));
             let claim = engine::obtain(core, &plan, self.resource.into(), new, None).await?;
             Ok(ReentrantLock::from_claim(claim))
         })
@@ -230,8 +230,14 @@ impl<'a> IntoFuture for MultiRequest<'a> {
             let set = Set::new(config, self.resources)?;
             let plan = self.options.plan(config)?;
             let label = set.label().clone();
-            let claim =
-                engine::obtain(core, &plan, label, || Multi::new(set.clone()), None).await?;
+            let claim = engine::obtain(
+                core,
+                &plan,
+                label,
+                || Multi::new(set.clone(), label_of(core)),
+                None,
+            )
+            .await?;
             Ok(MultiLock::from_claim(claim))
         })
     }
@@ -246,7 +252,7 @@ impl<'a> IntoFuture for ReadRequest<'a> {
             let (core, config) = (self.core, &self.core.config);
             let key = config.key(self.resource)?;
             let plan = self.options.plan(config)?;
-            let new = || Share::new(key.clone(), Mode::Read, None);
+            let new = || Share::new(key.clone(), Mode::Read, None, label_of(core));
             let claim = engine::obtain(core, &plan, self.resource.into(), new, None).await?;
             Ok(ReadLock::from_claim(claim))
         })
@@ -269,9 +275,14 @@ impl<'a> IntoFuture for WriteRequest<'a> {
                 _ => None,
             };
             let withdrawal = intent.as_ref().map(|intent| intent.withdrawal(&key));
-            let new = || Share::new(key.clone(), Mode::Write, intent.clone());
+            let new = || Share::new(key.clone(), Mode::Write, intent.clone(), label_of(core));
             let claim = engine::obtain(core, &plan, self.resource.into(), new, withdrawal).await?;
             Ok(WriteLock::from_claim(claim))
         })
     }
+}
+
+/// The client's owner label, for the tokens of its holds.
+fn label_of(core: &crate::engine::Core) -> Option<&str> {
+    core.config.owner_label.as_deref()
 }

@@ -18,6 +18,31 @@ pub(crate) fn generate() -> String {
     token
 }
 
+/// A fresh token, followed by `.<label>` when the client has an owner label.
+pub(crate) fn generate_labelled(label: Option<&str>) -> String {
+    let mut token = generate();
+    if let Some(label) = label {
+        token.push('.');
+        token.push_str(label);
+    }
+    token
+}
+
+/// The longest owner label.
+const MAX_LABEL: usize = 64;
+
+/// Checks an owner label: it must never contain `:` (the reentrant fields put the owner id
+/// after the first `:` that follows the token) nor anything a shell or a log would mangle.
+pub(crate) fn check_label(label: &str) -> Result<&str, String> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "._/@-".contains(c);
+    if label.is_empty() || label.len() > MAX_LABEL || !label.chars().all(allowed) {
+        return Err(format!(
+            "owner_label must be 1 to {MAX_LABEL} characters of A-Z a-z 0-9 . _ / @ -"
+        ));
+    }
+    Ok(label)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -58,3 +58,30 @@ async fn a_forced_release_frees_the_lock_wakes_a_waiter_and_fails_the_holders_ex
     assert_eq!(err.kind(), ErrorKind::NotHeld);
     granted.release().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_label_is_shown_with_the_token_and_changes_nothing_else() {
+    let cluster = common::cluster(3);
+    let labelled = |label: &str| {
+        common::builder(&cluster, Duration::from_millis(200)).owner_label(label).build().unwrap()
+    };
+    let (a, b) = (labelled("host-a/41"), labelled("host-b/42"));
+    let lock = a.try_lock("job").await.unwrap();
+    assert!(lock.token().ends_with(".host-a/41"), "{}", lock.token());
+    let seen = a.inspect("job").await.unwrap();
+    assert!(seen.holder.as_deref().is_some_and(|h| h.ends_with(".host-a/41")), "{seen:?}");
+    assert_eq!(b.try_lock("job").await.unwrap_err().kind(), ErrorKind::NotAcquired);
+    lock.release().await.unwrap();
+
+    // One owner id from two labelled processes is still one owner; another id is not.
+    let first = a.reentrant("batch", "job-7").await.unwrap();
+    let second = b.reentrant("batch", "job-7").await.unwrap();
+    let other = b.reentrant("batch", "job-8").await.unwrap_err();
+    assert_eq!(other.kind(), ErrorKind::NotAcquired);
+    first.release().await.unwrap();
+    second.release().await.unwrap();
+    b.reentrant("batch", "job-8").await.unwrap().release().await.unwrap();
+
+    let bad = common::builder(&cluster, Duration::from_millis(200)).owner_label("a:b").build();
+    assert_eq!(bad.unwrap_err().kind(), ErrorKind::Config);
+}

@@ -67,9 +67,10 @@ pub(crate) struct Identity {
 }
 
 impl Identity {
-    /// A hold of kind `kind` on `keys`, with a fresh token.
-    pub(crate) fn new(kind: &'static str, keys: Box<[Arc<str>]>) -> Self {
-        Self { kind, keys, token: crate::token::generate().into() }
+    /// A hold of kind `kind` on `keys`, with a fresh token (carrying the client's owner
+    /// label, if any).
+    pub(crate) fn new(kind: &'static str, keys: Box<[Arc<str>]>, label: Option<&str>) -> Self {
+        Self { kind, keys, token: crate::token::generate_labelled(label).into() }
     }
 }
 

@@ -72,8 +72,8 @@ pub(crate) struct Multi {
 
 impl Multi {
     /// A fresh acquisition of `set`, with a fresh token.
-    pub(crate) fn new(set: Set) -> Self {
-        let id = Identity::new("multi-resource lock", set.keys.iter().cloned().collect());
+    pub(crate) fn new(set: Set, label: Option<&str>) -> Self {
+        let id = Identity::new("multi-resource lock", set.keys.iter().cloned().collect(), label);
         Self { set, id }
     }
 }
@@ -165,7 +165,7 @@ mod tests {
 
     #[test]
     fn a_release_counts_only_a_whole_set() {
-        let multi = Multi::new(Set::new(&config(), &["a", "b"]).unwrap());
+        let multi = Multi::new(Set::new(&config(), &["a", "b"]).unwrap(), None);
         let release = |ours, foreign| {
             let counts = vec![Value::Int(ours), Value::Int(foreign), Value::Int(0)];
             multi.answer(Op::Release, &reply(Value::Array(counts))).outcome

@@ -29,9 +29,9 @@ pub(crate) struct Plain {
 
 impl Plain {
     /// A fresh acquisition of `key`, with a fresh token.
-    pub(crate) fn new(key: Arc<str>) -> Self {
+    pub(crate) fn new(key: Arc<str>, label: Option<&str>) -> Self {
         let channel = engine::channel(&key);
-        Self { id: Identity::new("lock", Box::new([key])), channel }
+        Self { id: Identity::new("lock", Box::new([key]), label), channel }
     }
 
     fn key(&self) -> &str {
@@ -103,7 +103,7 @@ mod tests {
     use crate::engine::protocol::testing::{error, reply};
 
     fn plain() -> Plain {
-        Plain::new("orders:1".into())
+        Plain::new("orders:1".into(), None)
     }
 
     #[test]

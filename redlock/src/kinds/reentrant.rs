@@ -26,9 +26,9 @@ pub(crate) struct Reentrant {
 
 impl Reentrant {
     /// A fresh hold of `key` for `owner`.
-    pub(crate) fn new(key: Arc<str>, owner: Arc<str>) -> Self {
+    pub(crate) fn new(key: Arc<str>, owner: Arc<str>, label: Option<&str>) -> Self {
         let channel = engine::channel(&key);
-        let id = Identity::new("reentrant lock", Box::new([key]));
+        let id = Identity::new("reentrant lock", Box::new([key]), label);
         let field = format!("h:{}:{owner}", id.token).into();
         Self { id, owner, field, channel }
     }
@@ -114,16 +114,19 @@ mod tests {
 
     #[test]
     fn every_hold_has_its_own_field_naming_its_owner() {
-        let a = Reentrant::new("job".into(), "worker:1".into());
-        let b = Reentrant::new("job".into(), "worker:1".into());
+        let a = Reentrant::new("job".into(), "worker:1".into(), None);
+        let b = Reentrant::new("job".into(), "worker:1".into(), None);
         assert_ne!(a.field, b.field);
         assert!(a.field.starts_with("h:") && a.field.ends_with(":worker:1"));
-        assert_eq!(a.field.len(), 2 + 40 + 1 + "worker:1".len(), "the scripts cut the owner at 44");
+        assert_eq!(a.field.len(), 2 + 40 + 1 + "worker:1".len());
+        let labelled = Reentrant::new("job".into(), "worker:1".into(), Some("host/42"));
+        // The scripts take the owner after the first `:` that follows the token.
+        assert!(labelled.field.ends_with(".host/42:worker:1"), "{}", labelled.field);
     }
 
     #[test]
     fn replies_mean_granted_held_absent_or_wrong_type() {
-        let hold = Reentrant::new("job".into(), "w".into());
+        let hold = Reentrant::new("job".into(), "w".into(), None);
         let acquire = |v| hold.answer(Op::Acquire, &reply(v)).outcome;
         assert_eq!(acquire(Value::Int(1)), NodeOutcome::Ok);
         assert_eq!(acquire(Value::Int(-1)), NodeOutcome::Held);

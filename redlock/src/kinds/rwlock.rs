@@ -79,13 +79,18 @@ pub(crate) struct Share {
 
 impl Share {
     /// A fresh share or grant of `key`; a waiting writer passes its intent.
-    pub(crate) fn new(key: Arc<str>, mode: Mode, intent: Option<Intent>) -> Self {
+    pub(crate) fn new(
+        key: Arc<str>,
+        mode: Mode,
+        intent: Option<Intent>,
+        label: Option<&str>,
+    ) -> Self {
         let (kind, prefix) = match mode {
             Mode::Read => ("read lock", "r:"),
             Mode::Write => ("write lock", "w:"),
         };
         let channel = engine::channel(&key);
-        let id = Identity::new(kind, Box::new([key]));
+        let id = Identity::new(kind, Box::new([key]), label);
         let field = format!("{prefix}{}", id.token).into();
         Self { id, mode, field, channel, intent }
     }
@@ -187,10 +192,11 @@ mod tests {
             retry: config_retry,
             key_prefix: String::new(),
             restart_quarantine: Duration::ZERO,
+            owner_label: None,
         };
         let intent = Intent::new(&config, &config_retry);
         assert_eq!(intent.ms, 600, "2 x (100 + 100) ms + 4 x 50 ms");
-        let writer = Share::new("doc".into(), Mode::Write, Some(intent.clone()));
+        let writer = Share::new("doc".into(), Mode::Write, Some(intent.clone()), None);
         let ttl = config.ttl;
         let has_intent =
             |op| format!("{:?}", writer.command(op, ttl).first()).contains(&*intent.field);

@@ -123,8 +123,9 @@ async fn shut_down(rl: &redlock::Redlock) {
     }
 }
 
-pub(crate) async fn connect(url: &str, timeout: Duration) -> Result<MultiplexedConnection, String> {
-    let client = redis::Client::open(url).map_err(|err| err.to_string())?;
+pub(crate) async fn connect(options: &Options, url: &str) -> Result<MultiplexedConnection, String> {
+    let timeout = options.node_timeout;
+    let client = options.redis_client(url)?;
     let connecting = client.get_multiplexed_async_connection();
     match tokio::time::timeout(timeout.max(Duration::from_secs(1)), connecting).await {
         Ok(Ok(con)) => Ok(con),

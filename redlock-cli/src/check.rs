@@ -31,11 +31,17 @@ pub(crate) async fn check(options: &Options) -> u8 {
         eprintln!("redlock: no nodes: give --nodes or REDLOCK_NODES");
         return EXIT_FAILURE;
     }
+    // Building a client also installs the TLS library's crypto provider, which the probes'
+    // own connections need for rediss:// nodes.
+    if let Err(err) = options.client() {
+        println!("error: configuration: {err}");
+        return 1;
+    }
     let mut findings: Vec<Finding> = Vec::new();
     let mut nodes = Vec::new();
     for url in &options.nodes {
         let shown = admin::redact(url);
-        match probe(url, options.node_timeout).await {
+        match probe(options, url).await {
             Ok(mut node) => {
                 node.url = shown;
                 nodes.push(node);
@@ -61,6 +67,7 @@ pub(crate) async fn check(options: &Options) -> u8 {
     }
     findings.extend(duplicates(&nodes));
     findings.extend(clocks(&nodes));
+    findings.extend(permissions(options).await);
     for (breaks, finding) in &findings {
         println!("{}: {finding}", if *breaks { "error" } else { "warning" });
     }
@@ -172,13 +179,67 @@ fn clocks(nodes: &[Node]) -> Vec<Finding> {
     }
 }
 
+/// Whether the user may do what the library does: a lock taken, extended, checked and
+/// released on a resource of its own, and a release notification published.
+async fn permissions(options: &Options) -> Vec<Finding> {
+    let rl = match options.client() {
+        Ok(rl) => rl,
+        Err(err) => return vec![(true, format!("configuration: {err}"))],
+    };
+    let resource = format!("redlock-check:{}", std::process::id());
+    let mut out = Vec::new();
+    let mut denied = |err: &redlock::Error| {
+        for report in err.nodes() {
+            let said = report.outcome().to_string();
+            if said.contains("NOPERM") || said.contains("permission") {
+                out.push((
+                    true,
+                    format!("{}: the user may not use the lock: {said}", report.node()),
+                ));
+            }
+        }
+    };
+    match rl.try_lock(&resource).await {
+        Ok(mut lock) => {
+            if let Err(err) = lock.extend(options.ttl).await {
+                denied(&err);
+            }
+            if let Err(err) = lock.is_held().await {
+                denied(&err);
+            }
+            if let Err(err) = lock.release().await {
+                denied(&err);
+            }
+        }
+        Err(err) => denied(&err),
+    }
+    let _ = rl.shutdown(Duration::from_secs(2)).await;
+    for url in &options.nodes {
+        let Ok(mut con) = admin::connect(options, url).await else { continue };
+        let channel = format!("redlock:released:{}{resource}", options.key_prefix);
+        let published = admin::bounded(
+            options.node_timeout.max(Duration::from_millis(500)),
+            redis::cmd("PUBLISH").arg(&channel).arg("0").query_async::<i64>(&mut con),
+        )
+        .await;
+        if let Err(err) = published {
+            out.push((false, format!(
+                "{}: release notifications refused ({err}): waiters fall back to polling; allow &redlock:released:*",
+                admin::redact(url)
+            )));
+        }
+    }
+    out
+}
+
 fn major_minor(version: &str) -> Option<(u32, u32)> {
     let mut parts = version.split('.');
     Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
 }
 
-async fn probe(url: &str, timeout: Duration) -> Result<Node, String> {
-    let mut con = admin::connect(url, timeout).await?;
+async fn probe(options: &Options, url: &str) -> Result<Node, String> {
+    let timeout = options.node_timeout;
+    let mut con = admin::connect(options, url).await?;
     let timeout = timeout.max(Duration::from_millis(500));
     let mut node = Node::default();
     admin::bounded(timeout, redis::cmd("PING").query_async::<String>(&mut con)).await?;

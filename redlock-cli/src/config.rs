@@ -25,18 +25,56 @@ pub(crate) struct Options {
     /// Put before every resource name to make its key.
     #[arg(long, env = "REDLOCK_KEY_PREFIX", default_value = "", global = true)]
     pub(crate) key_prefix: String,
+    /// A CA certificate (PEM file) to trust for `rediss://` nodes, besides the system's.
+    #[arg(long, env = "REDLOCK_TLS_CA", global = true)]
+    pub(crate) tls_ca: Option<std::path::PathBuf>,
+    /// A client certificate (PEM file) for mutual TLS, with --tls-key.
+    #[arg(long, env = "REDLOCK_TLS_CERT", global = true, requires = "tls_key")]
+    pub(crate) tls_cert: Option<std::path::PathBuf>,
+    /// The client certificate's private key (PEM file).
+    #[arg(long, env = "REDLOCK_TLS_KEY", global = true, requires = "tls_cert")]
+    pub(crate) tls_key: Option<std::path::PathBuf>,
     /// Who holds the lock, stored with its token and shown by `inspect` (default: host/pid).
     #[arg(long, env = "REDLOCK_OWNER_LABEL", global = true)]
     pub(crate) owner_label: Option<String>,
 }
 
 impl Options {
+    /// A plain redis-rs client for `url`, with the TLS files if any (for `check`).
+    pub(crate) fn redis_client(&self, url: &str) -> Result<redis::Client, String> {
+        if self.tls_ca.is_none() && self.tls_cert.is_none() {
+            return redis::Client::open(url).map_err(|err| err.to_string());
+        }
+        let read = |path: &std::path::Path| {
+            std::fs::read(path).map_err(|err| format!("{}: {err}", path.display()))
+        };
+        let client_tls = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => {
+                Some(redis::ClientTlsConfig { client_cert: read(cert)?, client_key: read(key)? })
+            }
+            _ => None,
+        };
+        let root_cert = self.tls_ca.as_deref().map(read).transpose()?;
+        redis::Client::build_with_tls(url, redis::TlsCertificates { client_tls, root_cert })
+            .map_err(|err| err.to_string())
+    }
+
     /// The client these options describe.
     pub(crate) fn client(&self) -> Result<Redlock, String> {
         if self.nodes.is_empty() {
             return Err("no nodes: give --nodes or REDLOCK_NODES".to_owned());
         }
-        RedlockBuilder::new()
+        let read = |path: &std::path::Path| {
+            std::fs::read(path).map_err(|err| format!("{}: {err}", path.display()))
+        };
+        let mut builder = RedlockBuilder::new();
+        if let Some(ca) = &self.tls_ca {
+            builder = builder.tls_root_ca(read(ca)?);
+        }
+        if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
+            builder = builder.tls_client_cert(read(cert)?, read(key)?);
+        }
+        builder
             .nodes(self.nodes.iter().map(|node| node.trim().to_owned()))
             .ttl(self.ttl)
             .node_timeout(self.node_timeout)

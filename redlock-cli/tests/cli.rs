@@ -339,3 +339,53 @@ fn check_fails_on_an_unreachable_node() {
     assert_eq!(code, Some(1), "{shown}");
     assert!(shown.contains("unreachable"), "{shown}");
 }
+
+#[test]
+fn check_names_a_user_who_may_not_lock_and_one_who_may_not_notify() {
+    let cluster = cluster(3);
+    for node in cluster.nodes() {
+        node.acl_setuser("quiet", "pw", &["~*", "&*", "+@all", "-publish"]).unwrap();
+        node.acl_setuser("elsewhere", "pw", &["~other:*", "&*", "+@all"]).unwrap();
+    }
+    let urls_as = |user: &str| -> Vec<String> {
+        cluster.nodes().iter().map(|n| n.url_as(user, "pw")).collect()
+    };
+    let (code, shown) = check(&urls_as("quiet"));
+    assert!(shown.contains("release notifications refused"), "{shown}");
+    assert!(!shown.contains("may not use the lock"), "{shown}");
+    assert!(!shown.contains("pw@"), "no password shown: {shown}");
+    let _ = code;
+    let (code, shown) = check(&urls_as("elsewhere"));
+    assert_eq!(code, Some(1), "{shown}");
+    assert!(shown.contains("may not use the lock") && shown.contains("NOPERM"), "{shown}");
+}
+
+#[test]
+fn tls_files_from_the_environment_reach_mutual_tls_nodes() {
+    use redlock_testkit::NodeConfig;
+    use redlock_testkit::tls::{Certificates, ClientCerts};
+    let cluster = Cluster::start_with(3, NodeConfig::new().tls(ClientCerts::Required)).unwrap();
+    let certs = Certificates::get().unwrap();
+    let with_tls = |command: &mut Command| {
+        command
+            .env("REDLOCK_TLS_CA", certs.ca().path())
+            .env("REDLOCK_TLS_CERT", certs.client_cert().path())
+            .env("REDLOCK_TLS_KEY", certs.client_key().path());
+    };
+    let mut run = redlock(&cluster);
+    with_tls(&mut run);
+    let output = run.args(["run", "job"]).args(sh("exit 0")).output().unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let mut check = redlock(&cluster);
+    with_tls(&mut check);
+    let output = check.arg("check").output().unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}{}", text(&output.stdout), text(&output.stderr));
+    // Without the client certificate the nodes refuse us: redlock's own failure.
+    let output = redlock(&cluster)
+        .env("REDLOCK_TLS_CA", certs.ca().path())
+        .args(["run", "job"])
+        .args(sh("exit 0"))
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(125), "{}", text(&output.stderr));
+}

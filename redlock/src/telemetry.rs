@@ -1,6 +1,7 @@
 //! Metrics through the [`metrics`](https://docs.rs/metrics) facade, with the `metrics`
 //! feature: the application installs the recorder (Prometheus, StatsD, ...). Without the
-//! feature every function here is empty and compiles away.
+//! feature only the matching `tracing` events remain (debug: lock calls and holds ended;
+//! trace: node requests; warn: a lost auto-extended lock).
 //!
 //! Names and labels (no resource label: one series per resource would be unbounded):
 //!
@@ -49,6 +50,7 @@ pub(crate) fn node_outcome(outcome: &NodeOutcome) -> &'static str {
 
 /// A lock call (with its waits) ended.
 pub(crate) fn acquired(kind: &'static str, outcome: &'static str, elapsed: Duration) {
+    tracing::debug!(target: "redlock", kind, outcome, ?elapsed, "lock call ended");
     #[cfg(feature = "metrics")]
     metrics::histogram!("redlock_acquire_duration_seconds", "kind" => kind, "outcome" => outcome)
         .record(elapsed.as_secs_f64());
@@ -72,6 +74,7 @@ pub(crate) fn attempted(kind: &'static str, outcome: &'static str) {
 
 /// A hold ended (released, dropped) after `held`.
 pub(crate) fn held(kind: &'static str, held: Duration) {
+    tracing::debug!(target: "redlock", kind, ?held, "hold ended");
     #[cfg(feature = "metrics")]
     metrics::histogram!("redlock_hold_duration_seconds", "kind" => kind).record(held.as_secs_f64());
     #[cfg(not(feature = "metrics"))]
@@ -97,6 +100,7 @@ pub(crate) fn released(kind: &'static str, outcome: &'static str) {
 
 /// An auto-extended lock was lost, for `reason` (an [`ErrorKind::as_str`]).
 pub(crate) fn lost(reason: &'static str) {
+    tracing::warn!(target: "redlock", reason, "an auto-extended lock was lost");
     #[cfg(feature = "metrics")]
     metrics::counter!("redlock_losses_total", "reason" => reason).increment(1);
     #[cfg(not(feature = "metrics"))]
@@ -105,6 +109,7 @@ pub(crate) fn lost(reason: &'static str) {
 
 /// One request to one node ended.
 pub(crate) fn node_request(node: &str, op: &'static str, outcome: &'static str, elapsed: Duration) {
+    tracing::trace!(target: "redlock", node, op, outcome, ?elapsed, "node request ended");
     #[cfg(feature = "metrics")]
     {
         let node = node.to_owned();

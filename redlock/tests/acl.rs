@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -70,22 +69,10 @@ fn logs() -> &'static Arc<Mutex<Vec<u8>>> {
         tracing_subscriber::fmt()
             .with_max_level(tracing::Level::TRACE)
             .with_ansi(false)
-            .with_writer(move || Buffer(writer.clone()))
+            .with_writer(move || common::LogBuffer(writer.clone()))
             .init();
         buffer
     })
-}
-
-struct Buffer(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Buffer {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,18 +11,6 @@ use redlock::{ErrorKind, Redlock, Retry};
 use redlock_testkit::{Cluster, NodeConfig};
 
 const PASSWORD: &str = "Sup3rSecretPassw0rd";
-
-struct Buffer(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Buffer {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_password_never_appears_in_any_output() {
@@ -33,7 +20,7 @@ async fn a_password_never_appears_in_any_output() {
     tracing_subscriber::fmt()
         .with_max_level(tracing::Level::TRACE)
         .with_ansi(false)
-        .with_writer(move || Buffer(writer.clone()))
+        .with_writer(move || common::LogBuffer(writer.clone()))
         .init();
 
     let cluster = Cluster::start_with(3, NodeConfig::new().requirepass(PASSWORD)).unwrap();

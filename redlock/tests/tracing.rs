@@ -2,39 +2,16 @@
 
 mod common;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
-
-use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::fmt::format::FmtSpan;
-
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> MakeWriter<'a> for Captured {
-    type Writer = Captured;
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
-    }
-}
 
 #[tokio::test(flavor = "current_thread")]
 async fn an_attempt_is_a_span_with_outcome_and_nodes() {
     let cluster = common::cluster(3);
     cluster.node(2).set("traced", "foreign").unwrap();
-    let captured = Captured::default();
+    let captured = common::LogBuffer::default();
+    let writer = captured.clone();
     let subscriber = tracing_subscriber::fmt()
-        .with_writer(captured.clone())
+        .with_writer(move || writer.clone())
         .with_max_level(tracing::Level::DEBUG)
         .with_span_events(FmtSpan::CLOSE)
         .with_ansi(false)

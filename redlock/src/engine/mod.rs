@@ -126,44 +126,32 @@ where
     let started = std::time::Instant::now();
     let first = attempt();
     let kind = first.kind();
-    let result = obtain_from(core, plan, resource, first, attempt, withdrawal).await;
+    let result = async {
+        let (ttl, fenced) = (plan.ttl, plan.fenced);
+        let Some(retry) = &plan.retry else {
+            return Claim::acquire(core, first, ttl, resource, fenced).await;
+        };
+        let keys: Vec<Arc<str>> = first.keys().to_vec();
+        let mut give_up = GiveUp { core, keys, resource: resource.clone(), withdrawal };
+        let mut next = Some(first);
+        // Woken by the releases of the first key (a multi-resource lock's other keys are
+        // found by the timer).
+        let key = give_up.keys[0].clone();
+        let claim = wait::until_acquired(core, retry, &key, || {
+            let proto = next.take().unwrap_or_else(&mut attempt);
+            Claim::acquire(core, proto, ttl, resource.clone(), fenced)
+        })
+        .await?;
+        give_up.withdrawal = None;
+        Ok(claim)
+    }
+    .await;
     let outcome = match &result {
         Ok(_) => "granted",
         Err(err) => err.kind().as_str(),
     };
     crate::telemetry::acquired(kind, outcome, started.elapsed());
     result
-}
-
-async fn obtain_from<P, F>(
-    core: &Arc<Core>,
-    plan: &Plan,
-    resource: Arc<str>,
-    first: P,
-    mut attempt: F,
-    withdrawal: Option<Command>,
-) -> Result<Claim<P>>
-where
-    P: Protocol,
-    F: FnMut() -> P,
-{
-    let (ttl, fenced) = (plan.ttl, plan.fenced);
-    let Some(retry) = &plan.retry else {
-        return Claim::acquire(core, first, ttl, resource, fenced).await;
-    };
-    let keys: Vec<Arc<str>> = first.keys().to_vec();
-    let mut give_up = GiveUp { core, keys, resource: resource.clone(), withdrawal };
-    let mut next = Some(first);
-    // Woken by the releases of the first key (a multi-resource lock's other keys are
-    // found by the timer).
-    let key = give_up.keys[0].clone();
-    let claim = wait::until_acquired(core, retry, &key, || {
-        let proto = next.take().unwrap_or_else(&mut attempt);
-        Claim::acquire(core, proto, ttl, resource.clone(), fenced)
-    })
-    .await?;
-    give_up.withdrawal = None;
-    Ok(claim)
 }
 
 /// Sends a wait's withdrawal when the wait ends without the lock, however it ends.

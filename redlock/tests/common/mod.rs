@@ -62,3 +62,18 @@ pub fn subscribers(cluster: &Cluster, key: &str) -> Vec<i64> {
         })
         .collect()
 }
+
+/// Log output captured in memory, for tests that read what the library logged: a
+/// `tracing_subscriber` writer (`.with_writer(move || LogBuffer(shared.clone()))`).
+#[derive(Clone, Default)]
+pub struct LogBuffer(pub std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogBuffer {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}

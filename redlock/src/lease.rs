@@ -182,7 +182,9 @@ impl<G: Guard> AutoLock<G> {
         let max_until = max_hold.and_then(|max| Instant::now().checked_add(max));
         let closed = tasks.closed();
         let extend = extend_while_held(guard, max_until, status.clone(), stopped, closed);
-        let extender = tasks.spawn_with_handle(extend);
+        // On the client's own thread: an extender on the caller's runtime would die with it, its
+        // guard released while the lease still says held.
+        let extender = tasks.spawn_own(extend);
         if extender.is_none() {
             let err =
                 Error::local(ErrorKind::Config, "no runtime for the extender", lease.resource());

@@ -18,7 +18,7 @@ use super::Core;
 use super::call::NodeCall;
 use super::fencing;
 use super::protocol::{Op, Protocol};
-use super::round::{self, Place, Round};
+use super::round::{self, Round};
 use super::slot::Slot;
 use super::undo::Tracked;
 
@@ -207,7 +207,7 @@ impl<P: Protocol> Claim<P> {
             done.then_some(Settled::Reached)
         };
         let (_, rest) = round::run_until(requests, outcomes, Instant::now(), answered).await;
-        self.finish_undos(Place::Caller, rest, tracked, "clean-up");
+        self.finish_undos(rest, tracked, "clean-up");
         self.armed = false;
     }
 
@@ -275,7 +275,7 @@ impl<P: Protocol> Claim<P> {
     async fn release_round(mut self) -> Result<()> {
         let was_valid = self.is_valid();
         let (round, rest, tracked) = self.undo_round(Op::Release).await;
-        self.finish_undos(Place::Caller, rest, tracked, "release");
+        self.finish_undos(rest, tracked, "release");
         // Only now: if this future is dropped mid-round, Drop releases again (every
         // release is safe to repeat).
         self.armed = false;
@@ -339,18 +339,13 @@ impl<P: Protocol> Claim<P> {
             .collect()
     }
 
-    fn finish_undos<F>(
-        &self,
-        place: Place,
-        rest: round::Rest<F>,
-        tracked: Vec<Tracked>,
-        what: &'static str,
-    ) where
+    fn finish_undos<F>(&self, rest: round::Rest<F>, tracked: Vec<Tracked>, what: &'static str)
+    where
         F: Future<Output = (usize, NodeOutcome)> + Send + 'static,
     {
         let core = &self.core;
         let (tasks, undos, nodes) = (&core.tasks, &core.undos, &core.nodes);
-        round::finish_undos(tasks, place, rest, tracked, undos, nodes, what, &self.resource);
+        round::finish_undos(tasks, rest, tracked, undos, nodes, what, &self.resource);
     }
 
     /// The release of a claim dropped while armed: on the client's own thread, so that it
@@ -362,7 +357,7 @@ impl<P: Protocol> Claim<P> {
             (0..n).map(|i| self.request(i, Op::Release, &command, Vec::new())).collect();
         let slots = (0..n).map(|i| (i, self.tails[i].clone())).collect();
         let tracked = self.track(slots);
-        self.finish_undos(Place::Own, requests.into_iter().collect(), tracked, "release");
+        self.finish_undos(requests.into_iter().collect(), tracked, "release");
     }
 
     pub(crate) fn proto(&self) -> &P {

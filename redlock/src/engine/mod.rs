@@ -186,16 +186,6 @@ impl Drop for GiveUp<'_> {
             })
             .collect();
         let (tasks, undos, nodes) = (&core.tasks, &core.undos, &core.nodes);
-        let place = round::Place::Own;
-        round::finish_undos(
-            tasks,
-            place,
-            requests,
-            tracked,
-            undos,
-            nodes,
-            "withdrawal",
-            &self.resource,
-        );
+        round::finish_undos(tasks, requests, tracked, undos, nodes, "withdrawal", &self.resource);
     }
 }

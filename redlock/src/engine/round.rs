@@ -117,22 +117,13 @@ where
     }
 }
 
-/// Where the rest of an undo round runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Place {
-    /// On the caller's runtime: it finishes what the caller's round started.
-    Caller,
-    /// On the client's own thread: for undos started where no runtime may be left (`Drop`).
-    Own,
-}
-
 /// Like [`finish`], for undos: keeps them registered (`tracked`) until they are over, and
 /// reports the ones that failed, so that no release is dropped silently (the keys they were
-/// to remove stay until their lease ends).
-#[allow(clippy::too_many_arguments)]
+/// to remove stay until their lease ends). They run on the client's own thread: the
+/// caller's runtime may end before they do (a short-lived runtime, a `Drop`), and an undo
+/// dropped unsent would leave its key for a whole lease.
 pub(crate) fn finish_undos<F>(
     tasks: &Tasks,
-    place: Place,
     mut rest: Rest<F>,
     tracked: Vec<Tracked>,
     undos: &Arc<Undos>,
@@ -162,10 +153,5 @@ pub(crate) fn finish_undos<F>(
         }
         drop(tracked);
     };
-    match place {
-        Place::Caller => tasks.spawn(task),
-        Place::Own => {
-            let _ = tasks.spawn_own(task);
-        }
-    }
+    let _ = tasks.spawn_own(task);
 }

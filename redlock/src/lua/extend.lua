@@ -4,9 +4,12 @@
 -- KEYS[1] = the lock key, ARGV[1] = our token, ARGV[2] = the new lease in milliseconds.
 -- Returns 1 when renewed, 0 when the key was absent (and is set again), -1 when another
 -- owner holds it. A key of another type raises WRONGTYPE from GET: never touched.
+-- GT: an extension never shortens the key. Its client may count a failed (timed-out) or
+-- expired extension as not having happened and keep its old validity, so a shorter lease
+-- landing anyway must not let another client in before that validity ends.
 local current = redis.call('GET', KEYS[1])
 if current == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT')
   return 1
 elseif current == false then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])

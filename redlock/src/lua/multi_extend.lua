@@ -5,6 +5,7 @@
 -- Returns 1 when every key held our token and was renewed, 0 when some were absent (and are
 -- set again), -1 when another owner holds any key (then nothing changes). Every key is read
 -- before any is written, so a key of another type raises WRONGTYPE before anything changed.
+-- GT: never shortens a key (see extend.lua).
 local values = {}
 for i, key in ipairs(KEYS) do
   values[i] = redis.call('GET', key)
@@ -15,7 +16,7 @@ end
 local healed = 0
 for i, key in ipairs(KEYS) do
   if values[i] == ARGV[1] then
-    redis.call('PEXPIRE', key, ARGV[2])
+    redis.call('PEXPIRE', key, ARGV[2], 'GT')
   else
     redis.call('SET', key, ARGV[1], 'PX', ARGV[2])
     healed = 1

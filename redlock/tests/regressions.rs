@@ -266,6 +266,8 @@ async fn a_lease_ends_when_its_auto_lock_is_dropped_or_with_lock_is_cancelled() 
     assert!(lease.is_lost());
     assert_eq!(lease.validity(), Duration::ZERO);
     tokio::time::timeout(Duration::from_millis(100), lease.lost()).await.unwrap();
+    // The dropped lock is released in the background.
+    assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("job") == 0).await);
 
     let (tx, rx) = tokio::sync::oneshot::channel();
     let task = tokio::spawn({

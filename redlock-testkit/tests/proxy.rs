@@ -72,6 +72,31 @@ fn latency_keeps_order_and_throughput() {
 }
 
 #[test]
+fn a_hold_delays_matching_requests_and_what_follows_them_only() {
+    let node = RedisNode::start().unwrap();
+    let proxy = Proxy::start(node.port()).unwrap();
+    let mut con = redis::Client::open(proxy.url()).unwrap().get_connection().unwrap();
+    let hold = Duration::from_millis(300);
+    proxy.hold_requests_containing(b"held-key", hold);
+    let timed = |con: &mut redis::Connection, key: &str| {
+        let started = Instant::now();
+        redis::cmd("SET").arg(key).arg("v").query::<()>(con).unwrap();
+        started.elapsed()
+    };
+    assert!(timed(&mut con, "other-key") < hold / 2, "a request that does not match");
+    assert!(timed(&mut con, "held-key") >= hold, "a matching request");
+    // A pipeline: what follows the held request on the connection waits behind it.
+    let mut pipe = redis::pipe();
+    pipe.cmd("SET").arg("held-key").arg("w").cmd("GET").arg("held-key");
+    let started = Instant::now();
+    let (_, got): ((), String) = pipe.query(&mut con).unwrap();
+    assert_eq!(got, "w");
+    assert!(started.elapsed() >= hold);
+    proxy.release_holds();
+    assert!(timed(&mut con, "held-key") < hold / 2, "released");
+}
+
+#[test]
 fn blackhole_hangs_then_heal_and_reconnect_works() {
     let node = RedisNode::start().unwrap();
     let proxy = Proxy::start(node.port()).unwrap();

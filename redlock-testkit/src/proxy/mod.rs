@@ -96,6 +96,7 @@ impl Proxy {
             conns: Mutex::new(Vec::new()),
             parked: Mutex::new(Vec::new()),
             threads: Mutex::new(Vec::new()),
+            hold: Mutex::new(None),
         });
         let accept = {
             let shared = Arc::clone(&shared);
@@ -141,6 +142,23 @@ impl Proxy {
         if fault != NetFault::Blackhole {
             self.shared.close_parked();
         }
+    }
+
+    /// Delays each request chunk that contains `needle` (for example a script's SHA, to
+    /// hold back one step of a protocol and not the others) by `delay`, on top of the
+    /// fault. Replies are not matched. As with a latency, the byte order is kept: what the
+    /// client sends after a held chunk waits behind it. Replaces an earlier hold.
+    ///
+    /// A request split over two reads is matched only if one of them holds the whole
+    /// needle; commands of a few hundred bytes arrive whole on loopback.
+    pub fn hold_requests_containing(&self, needle: &[u8], delay: Duration) {
+        *self.shared.hold() = Some(Hold { needle: needle.to_vec(), delay });
+    }
+
+    /// Ends [`hold_requests_containing`](Self::hold_requests_containing) for chunks read
+    /// from now on.
+    pub fn release_holds(&self) {
+        *self.shared.hold() = None;
     }
 
     /// The current fault.
@@ -213,6 +231,23 @@ struct Shared {
     parked: Mutex<Vec<TcpStream>>,
     /// Connection threads, for `Drop` to join.
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Request chunks to delay by their content.
+    hold: Mutex<Option<Hold>>,
+}
+
+/// See [`Proxy::hold_requests_containing`].
+struct Hold {
+    needle: Vec<u8>,
+    delay: Duration,
+}
+
+impl Hold {
+    /// The extra delay of a request chunk.
+    fn delay_of(&self, chunk: &[u8]) -> Duration {
+        let found = !self.needle.is_empty()
+            && chunk.windows(self.needle.len()).any(|w| w == self.needle.as_slice());
+        if found { self.delay } else { Duration::ZERO }
+    }
 }
 
 impl Shared {
@@ -223,6 +258,10 @@ impl Shared {
 
     fn conns(&self) -> MutexGuard<'_, Vec<Arc<Conn>>> {
         self.conns.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn hold(&self) -> MutexGuard<'_, Option<Hold>> {
+        self.hold.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn threads(&self) -> MutexGuard<'_, Vec<JoinHandle<()>>> {

@@ -141,12 +141,16 @@ pub(super) fn pump(
         match from.read(&mut buf) {
             Ok(0) => eof = true,
             Ok(n) => {
+                let held = match (direction, shared.hold().as_ref()) {
+                    (Direction::Request, Some(hold)) => hold.delay_of(&buf[..n]),
+                    _ => Duration::ZERO,
+                };
                 let (delay, item) = match admit(shared, conn, &mut draws) {
                     Admit::Forward(delay) => (delay, Item::Bytes(buf[..n].to_vec())),
                     Admit::Close(delay) => (delay, Item::Close),
                     Admit::Lose => continue,
                 };
-                let due = (Instant::now() + delay).max(last_due);
+                let due = (Instant::now() + delay + held).max(last_due);
                 last_due = due;
                 queue.push_back((due, item));
             }

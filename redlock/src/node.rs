@@ -150,6 +150,12 @@ impl Node {
             && lock_ignoring_poison(&self.quarantined_until).is_some_and(|end| Instant::now() < end)
     }
 
+    /// How many connections to the node were started so far: when it changed between two
+    /// requests, they did not go out on one connection, and their order is not kept.
+    pub(crate) fn generation(&self) -> u64 {
+        self.lock_state().0
+    }
+
     /// The node's client, for connections of other kinds (pub/sub).
     pub(crate) fn client(&self) -> &Client {
         &self.client
@@ -271,14 +277,17 @@ impl Node {
         result.map(|connection| Handle { generation, connection, fresh: true })
     }
 
-    /// Opens a connection in a task of its own (on the caller's runtime, where its driver
-    /// then lives), shared by every caller that waits for it.
+    /// Opens a connection in a task of its own, shared by every caller that waits for it,
+    /// on the client's own thread, where its driver (the redis-rs task that writes and
+    /// reads the socket) then lives: a connection must not die with the runtime that
+    /// happened to open it, nor stall while that runtime is idle (a synchronous wrapper
+    /// that calls `block_on` now and then), or every request on it would.
     fn connect(&self) -> Connecting {
         let client = self.client.clone();
         let timeout = self.connect_timeout;
         let (quarantine, quarantined_until) = (self.quarantine, self.quarantined_until.clone());
         let (servers, name) = (self.servers.clone(), self.name.clone());
-        let task = self.tasks.spawn_with_handle(async move {
+        let task = self.tasks.spawn_own(async move {
             let seen = Seen { servers: &servers, name: &name };
             let open = open(&client, timeout, quarantine, &quarantined_until, seen);
             match tokio::time::timeout(timeout, open).await {

@@ -239,11 +239,19 @@ fn with_lock_paused_past_its_lease_on_a_current_thread_runtime_is_not_ok() {
     let rl = runtime.block_on(async {
         patient(urls.clone(), Duration::from_millis(500), Duration::from_millis(50))
     });
+    let raw = urls.clone();
     let rival = std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         runtime.block_on(async {
             let rl = patient(urls, Duration::from_secs(5), Duration::from_millis(50));
             tokio::time::sleep(Duration::from_millis(100)).await;
+            // The holder's auto-extension runs on the client's own thread, so a blocked
+            // caller alone no longer loses the lock: an operator deletes the key meanwhile,
+            // and the holder's next extension finds it gone.
+            for url in &raw {
+                let mut node = redis::Client::open(url.as_str()).unwrap().get_connection().unwrap();
+                redis::cmd("DEL").arg("job").exec(&mut node).unwrap();
+            }
             let lock = loop {
                 if let Ok(lock) = rl.try_lock("job").await {
                     break lock;

@@ -145,3 +145,44 @@ async fn waiters_share_one_subscription_per_node() {
         tokio::time::timeout(Duration::from_secs(3), waiter).await.unwrap().unwrap();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_asking_again_right_after_its_release_queues_behind_the_clients_waiter() {
+    let cluster = common::cluster(5);
+    // Polling far too slow to explain either grant: both come from release notifications.
+    let rl = patient(&cluster, Duration::from_secs(5), Duration::from_secs(20));
+    let first = rl.lock("turns").await.unwrap();
+    let waiting = tokio::spawn({
+        let rl = rl.clone();
+        async move {
+            let lock = rl.lock("turns").await.unwrap();
+            let granted_at = Instant::now();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let released_at = Instant::now();
+            lock.release().await.unwrap();
+            (granted_at, released_at)
+        }
+    });
+    // The waiter failed once and is in line (subscribed).
+    assert!(
+        common::eventually(Duration::from_secs(2), || common::subscribers(&cluster, "turns")
+            .iter()
+            .all(|&n| n == 1))
+        .await
+    );
+    first.release().await.unwrap();
+    // At once, as a loop taking turns would: without the line, this attempt races the
+    // waiter woken by the release above, and usually wins or splits the votes.
+    let again = rl.lock("turns").await.unwrap();
+    let again_at = Instant::now();
+    let (waiter_granted_at, waiter_released_at) = waiting.await.unwrap();
+    assert!(
+        waiter_granted_at < again_at && waiter_released_at <= again_at,
+        "the task that asked again was served before the waiter already in line"
+    );
+    assert!(
+        again_at - waiter_released_at < Duration::from_secs(1),
+        "woken by the waiter's release, not by the 5 s poll"
+    );
+    again.release().await.unwrap();
+}

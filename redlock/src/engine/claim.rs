@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::FutureExt;
 use tracing::Instrument;
 
 use crate::command::Command;
@@ -15,12 +16,12 @@ use crate::quorum::{self, Settled};
 use crate::telemetry;
 
 use super::Core;
+use super::background::{self, Place};
 use super::call::NodeCall;
 use super::fencing;
 use super::protocol::{Op, Protocol};
 use super::round::{self, Round};
 use super::slot::Slot;
-use super::undo::Tracked;
 
 /// A hold of any kind on the nodes, released in the background if dropped while armed
 /// (never blocking in `Drop`).
@@ -34,6 +35,9 @@ pub(crate) struct Claim<P: Protocol> {
     tails: Box<[Option<Arc<Slot>>]>,
     ttl: Ttl,
     deadline: Instant,
+    /// The latest instant a key of this claim may live to on a node, as far as the
+    /// requests sent so far could set it (clocks of the nodes aside).
+    expires_by: Instant,
     fence: Option<u64>,
     armed: bool,
     /// When the granting round started: the hold's duration counts from here.
@@ -109,6 +113,7 @@ impl<P: Protocol> Claim<P> {
             tails: vec![None; n].into(),
             ttl,
             deadline: ttl.deadline(started_at),
+            expires_by: started_at + ttl.duration(),
             fence: None,
             armed: true,
             since: started_at,
@@ -184,13 +189,11 @@ impl<P: Protocol> Claim<P> {
         let command = Arc::new(self.proto.command(Op::CleanUp, self.ttl));
         let mut requests = Vec::new();
         let mut outcomes = Vec::with_capacity(round.outcomes.len());
-        let mut slots = Vec::new();
         for (i, outcome) in round.outcomes.iter().enumerate() {
             match outcome {
                 NodeOutcome::Held | NodeOutcome::WrongType => outcomes.push(NodeOutcome::Absent),
                 _ => {
                     requests.push(self.request(i, Op::CleanUp, &command, Vec::new()));
-                    slots.push((i, self.tails[i].clone()));
                     outcomes.push(NodeOutcome::Pending);
                 }
             }
@@ -199,15 +202,12 @@ impl<P: Protocol> Claim<P> {
             .filter(|(_, o)| matches!(o, NodeOutcome::Ok | NodeOutcome::Quarantined))
             .map(|(i, _)| i)
             .collect();
-        // Registered before anything is awaited: a new attempt of this client on the key
-        // waits for them.
-        let tracked = self.track(slots);
         let answered = |_: &quorum::Tally, outcomes: &[NodeOutcome]| {
             let done = granted.iter().all(|&i| outcomes[i] != NodeOutcome::Pending);
             done.then_some(Settled::Reached)
         };
-        let (_, rest) = round::run_until(requests, outcomes, Instant::now(), answered).await;
-        self.finish_undos(rest, tracked, "clean-up");
+        let (round, rest) = round::run_until(requests, outcomes, Instant::now(), answered).await;
+        self.finish_undos(rest, &round, (Op::CleanUp, &command), "clean-up");
         self.armed = false;
     }
 
@@ -226,6 +226,7 @@ impl<P: Protocol> Claim<P> {
             return Err(self.local_error(ErrorKind::NotHeld, "validity is over: not extending"));
         }
         let started_at = Instant::now();
+        self.expires_by = self.expires_by.max(started_at + ttl.duration());
         let command = Arc::new(self.proto.command(Op::Extend, ttl));
         let n = self.core.nodes.len();
         let requests: Vec<_> =
@@ -274,8 +275,9 @@ impl<P: Protocol> Claim<P> {
 
     async fn release_round(mut self) -> Result<()> {
         let was_valid = self.is_valid();
-        let (round, rest, tracked) = self.undo_round(Op::Release).await;
-        self.finish_undos(rest, tracked, "release");
+        let command = Arc::new(self.proto.command(Op::Release, self.ttl));
+        let (round, rest) = self.undo_round(Op::Release, &command).await;
+        self.finish_undos(rest, &round, (Op::Release, &command), "release");
         // Only now: if this future is dropped mid-round, Drop releases again (every
         // release is safe to repeat).
         self.armed = false;
@@ -316,36 +318,65 @@ impl<P: Protocol> Claim<P> {
     async fn undo_round(
         &mut self,
         op: Op,
-    ) -> (
-        Round,
-        round::Rest<impl Future<Output = (usize, NodeOutcome)> + Send + 'static + use<P>>,
-        Vec<Tracked>,
-    ) {
-        let command = Arc::new(self.proto.command(op, self.ttl));
+        command: &Arc<Command>,
+    ) -> (Round, round::Rest<impl Future<Output = (usize, NodeOutcome)> + Send + 'static + use<P>>)
+    {
         let n = self.core.nodes.len();
-        let requests: Vec<_> = (0..n).map(|i| self.request(i, op, &command, Vec::new())).collect();
-        let slots = (0..n).map(|i| (i, self.tails[i].clone())).collect();
-        let tracked = self.track(slots);
-        let (round, rest) = round::run(requests, Instant::now(), quorum::settle_hold).await;
-        (round, rest, tracked)
+        let requests: Vec<_> = (0..n).map(|i| self.request(i, op, command, Vec::new())).collect();
+        round::run(requests, Instant::now(), quorum::settle_hold).await
     }
 
-    /// Registers undos in flight, so that this client's next acquisition of the keys on
-    /// those nodes waits for them.
-    fn track(&self, slots: Vec<(usize, Option<Arc<Slot>>)>) -> Vec<Tracked> {
-        slots
-            .into_iter()
-            .filter_map(|(i, slot)| Some(self.core.undos.track(i, self.proto.keys(), &slot?)))
-            .collect()
-    }
-
-    fn finish_undos<F>(&self, rest: round::Rest<F>, tracked: Vec<Tracked>, what: &'static str)
-    where
+    /// Leaves the undos of `round` still in flight to the background; see
+    /// [`background`]. They are registered from here on (the undos answered by now need
+    /// not be), so that this client's next acquisition of the keys on those nodes waits
+    /// for them; nothing was awaited since the round's decision.
+    fn finish_undos<F>(
+        &self,
+        rest: round::Rest<F>,
+        round: &Round,
+        (op, command): (Op, &Arc<Command>),
+        what: &'static str,
+    ) where
         F: Future<Output = (usize, NodeOutcome)> + Send + 'static,
     {
-        let core = &self.core;
-        let (tasks, undos, nodes) = (&core.tasks, &core.undos, &core.nodes);
-        round::finish_undos(tasks, rest, tracked, undos, nodes, what, &self.resource);
+        let pending: Vec<usize> = (round.outcomes.iter().enumerate())
+            .filter(|(_, outcome)| **outcome == NodeOutcome::Pending)
+            .map(|(i, _)| i)
+            .collect();
+        let tracked = (pending.iter())
+            .filter_map(|&i| {
+                Some(self.core.undos.track(i, self.proto.keys(), self.tails[i].as_ref()?))
+            })
+            .collect();
+        let undos = background::Undos {
+            core: self.core.clone(),
+            remake: self.remake(op, command),
+            // The nodes' clocks may run a little slow: their keys may live that much longer.
+            until: self.expires_by + self.ttl.drift(),
+            what,
+            resource: self.resource.clone(),
+        };
+        background::finish(undos, rest, pending, tracked, Place::Caller);
+    }
+
+    /// Makes `command` again for a node, registered with the client's undos while in
+    /// flight: for undos sent again from the background.
+    fn remake(&self, op: Op, command: &Arc<Command>) -> background::Remake {
+        let (core, proto, command) = (self.core.clone(), self.proto.clone(), command.clone());
+        Arc::new(move |i| {
+            let slot = Slot::new();
+            let tracked = core.undos.track(i, proto.keys(), &slot);
+            let proto = proto.clone();
+            let request =
+                NodeCall { node: i, op, command: command.clone(), after: Vec::new(), slot };
+            let call = request.send(&core, move |reply| proto.answer(op, reply));
+            async move {
+                let answer = call.await;
+                drop(tracked);
+                answer
+            }
+            .boxed()
+        })
     }
 
     /// The release of a claim dropped while armed: on the client's own thread, so that it
@@ -353,11 +384,10 @@ impl<P: Protocol> Claim<P> {
     fn release_detached(&mut self) {
         let command = Arc::new(self.proto.command(Op::Release, self.ttl));
         let n = self.core.nodes.len();
-        let requests: Vec<_> =
+        let requests: round::Rest<_> =
             (0..n).map(|i| self.request(i, Op::Release, &command, Vec::new())).collect();
-        let slots = (0..n).map(|i| (i, self.tails[i].clone())).collect();
-        let tracked = self.track(slots);
-        self.finish_undos(requests.into_iter().collect(), tracked, "release");
+        let unsent = Round::none(n, Instant::now());
+        self.finish_undos(requests, &unsent, (Op::Release, &command), "release");
     }
 
     pub(crate) fn proto(&self) -> &P {

@@ -6,6 +6,7 @@
 //! A kind only says what to send to one node and what the reply means ([`Protocol`]).
 //! Nothing in here knows the client or the builder.
 
+mod background;
 mod call;
 pub(crate) mod claim;
 mod fencing;
@@ -132,12 +133,13 @@ where
             return Claim::acquire(core, first, ttl, resource, fenced).await;
         };
         let keys: Vec<Arc<str>> = first.keys().to_vec();
+        let in_line = first.waits_in_line();
         let mut give_up = GiveUp { core, keys, resource: resource.clone(), withdrawal };
         let mut next = Some(first);
         // Woken by the releases of the first key (a multi-resource lock's other keys are
         // found by the timer).
         let key = give_up.keys[0].clone();
-        let claim = wait::until_acquired(core, retry, &key, || {
+        let claim = wait::until_acquired(core, retry, &key, in_line, || {
             let proto = next.take().unwrap_or_else(&mut attempt);
             Claim::acquire(core, proto, ttl, resource.clone(), fenced)
         })
@@ -185,7 +187,29 @@ impl Drop for GiveUp<'_> {
                 request.send(core, protocol::script_answer)
             })
             .collect();
-        let (tasks, undos, nodes) = (&core.tasks, &core.undos, &core.nodes);
-        round::finish_undos(tasks, requests, tracked, undos, nodes, "withdrawal", &self.resource);
+        // Rare (a writer giving up): on the client's own thread from the start. An intent
+        // lives for a lease at most.
+        let remake: background::Remake = {
+            let (core, command) = (core.clone(), command.clone());
+            Arc::new(move |i| {
+                let request = call::NodeCall {
+                    node: i,
+                    op: Op::Release,
+                    command: command.clone(),
+                    after: Vec::new(),
+                    slot: slot::Slot::new(),
+                };
+                futures::FutureExt::boxed(request.send(&core, protocol::script_answer))
+            })
+        };
+        let undos = background::Undos {
+            core: core.clone(),
+            remake,
+            until: std::time::Instant::now() + core.config.ttl.duration(),
+            what: "withdrawal",
+            resource: self.resource.clone(),
+        };
+        let pending = (0..core.nodes.len()).collect();
+        background::finish(undos, requests, pending, tracked, background::Place::Own);
     }
 }

@@ -119,6 +119,13 @@ impl Releases {
         *self.subscribers.lock().unwrap_or_else(PoisonError::into_inner) = Subscribers::Stopped;
     }
 
+    /// Whether some waiter of this client is in line for `key`.
+    pub(crate) fn has_waiters(&self, key: &str) -> bool {
+        let registry = lock(&self.registry);
+        // Checked before the channel's name is built: the common case waits for nothing.
+        !registry.channels.is_empty() && registry.channels.contains_key(&*channel(key))
+    }
+
     /// Starts watching the releases of `key`; the subscribers start on the client's own
     /// thread with the first watch.
     pub(crate) fn watch(&self, key: &str, tasks: &Tasks) -> ReleaseWatch {

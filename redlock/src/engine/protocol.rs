@@ -104,6 +104,15 @@ pub(crate) trait Protocol: Send + Sync + 'static {
 
     /// What `reply` to `op` means.
     fn answer(&self, op: Op, reply: &Reply) -> Answer;
+
+    /// Whether a new wait for this hold queues behind this client's waiters already in
+    /// line for the key, instead of trying at once: true for the holds that exclude each
+    /// other, where barging in would split the nodes' votes at the next handoff; false for
+    /// those that may coexist with what the others wait for (a reentrant owner's next
+    /// hold, a read share).
+    fn waits_in_line(&self) -> bool {
+        false
+    }
 }
 
 /// The reading shared by the scripts that answer `1` (done), `2` (done, notification

@@ -6,15 +6,13 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
 
 use crate::error::{NodeOutcome, NodeReport, RoundReport};
 use crate::node::Node;
 use crate::quorum::{self, Settled, Tally};
 use crate::tasks::Tasks;
-
-use super::undo::{Tracked, Undos};
 
 /// The result of a round.
 #[derive(Debug)]
@@ -103,7 +101,13 @@ where
         tally.add(&outcome);
         outcomes[i] = outcome;
     };
-    let round = Round { outcomes, settled, started_at, decided_at: Instant::now() };
+    let decided_at = Instant::now();
+    // Answers already in are collected without waiting: replies often arrive together, and
+    // a rest that is over needs no task of its own.
+    while let Some(Some((i, outcome))) = in_flight.next().now_or_never() {
+        outcomes[i] = outcome;
+    }
+    let round = Round { outcomes, settled, started_at, decided_at };
     (round, in_flight)
 }
 
@@ -115,43 +119,4 @@ where
     if !rest.is_empty() {
         tasks.spawn(async move { while rest.next().await.is_some() {} });
     }
-}
-
-/// Like [`finish`], for undos: keeps them registered (`tracked`) until they are over, and
-/// reports the ones that failed, so that no release is dropped silently (the keys they were
-/// to remove stay until their lease ends). They run on the client's own thread: the
-/// caller's runtime may end before they do (a short-lived runtime, a `Drop`), and an undo
-/// dropped unsent would leave its key for a whole lease.
-pub(crate) fn finish_undos<F>(
-    tasks: &Tasks,
-    mut rest: Rest<F>,
-    tracked: Vec<Tracked>,
-    undos: &Arc<Undos>,
-    nodes: &[Arc<Node>],
-    what: &'static str,
-    resource: &Arc<str>,
-) where
-    F: Future<Output = (usize, NodeOutcome)> + Send + 'static,
-{
-    if rest.is_empty() {
-        return;
-    }
-    let names: Vec<Arc<str>> = nodes.iter().map(|node| node.name().clone()).collect();
-    let (resource, undos) = (resource.clone(), undos.clone());
-    let task = async move {
-        while let Some((i, outcome)) = rest.next().await {
-            if outcome.is_fault() {
-                undos.note_failure(i);
-                tracing::warn!(
-                    target: "redlock",
-                    node = names.get(i).map_or("?", |name| &**name),
-                    resource = &*resource,
-                    %outcome,
-                    "background {what} failed: the key stays until its lease ends"
-                );
-            }
-        }
-        drop(tracked);
-    };
-    let _ = tasks.spawn_own(task);
 }

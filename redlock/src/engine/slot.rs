@@ -24,6 +24,10 @@ impl Slot {
 
     /// Completes once the request is over.
     pub(crate) async fn settled(&self) {
+        // Most are over by the time anything waits for them: no waiter to register then.
+        if self.is_settled() {
+            return;
+        }
         loop {
             let notified = self.notify.notified();
             tokio::pin!(notified);

@@ -7,6 +7,11 @@
 //! handoff never uses up the policy. A woken attempt that got some votes but lost (several
 //! clients woken by one release split the nodes) tries again after a short random pause,
 //! a few times, before waiting again.
+//!
+//! A wait for an exclusive hold that finds this client's waiters already in line for the
+//! key joins the line instead of trying at once: a task that releases and at once asks
+//! again would otherwise race the waiter woken by its own release, and the split vote
+//! costs both of them a round.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -22,11 +27,13 @@ use super::notify::ReleaseWatch;
 const SPLIT_RETRIES: u32 = 3;
 
 /// Runs `attempt` until it succeeds, fails for good, or `retry` gives up; between attempts,
-/// waits for a release of `key` or the policy's pause.
+/// waits for a release of `key` or the policy's pause. With `in_line`, it first waits
+/// behind this client's waiters already in line for `key`, if any.
 pub(crate) async fn until_acquired<T, F, Fut>(
     core: &Arc<Core>,
     retry: &Retry,
     key: &str,
+    in_line: bool,
     mut attempt: F,
 ) -> Result<T>
 where
@@ -40,6 +47,15 @@ where
     let mut next_counted: Option<Instant> = None;
     // Subscribed after the first failure only: an uncontended lock costs no subscription.
     let mut releases: Option<ReleaseWatch> = None;
+    if in_line && core.releases.has_waiters(key) {
+        let watch = releases.insert(core.releases.watch(key, &core.tasks));
+        // Bounded like any wait: a lost notification costs one pause, not the lock.
+        let pause = retry.next_pause(0, std::time::Duration::ZERO).unwrap_or_default();
+        tokio::select! {
+            () = watch.released() => woken = true,
+            () = tokio::time::sleep(pause) => {}
+        }
+    }
     loop {
         if !woken {
             counted += 1;

@@ -79,6 +79,10 @@ impl Multi {
 }
 
 impl Protocol for Multi {
+    fn waits_in_line(&self) -> bool {
+        true
+    }
+
     fn identity(&self) -> &Identity {
         &self.id
     }

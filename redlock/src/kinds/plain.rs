@@ -40,6 +40,10 @@ impl Plain {
 }
 
 impl Protocol for Plain {
+    fn waits_in_line(&self) -> bool {
+        true
+    }
+
     fn identity(&self) -> &Identity {
         &self.id
     }

@@ -101,6 +101,10 @@ impl Share {
 }
 
 impl Protocol for Share {
+    fn waits_in_line(&self) -> bool {
+        self.mode == Mode::Write
+    }
+
     fn identity(&self) -> &Identity {
         &self.id
     }

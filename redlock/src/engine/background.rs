@@ -1,0 +1,173 @@
+//! Undos left to the background once their round was decided: the releases and clean-ups
+//! of the nodes that had not answered yet.
+//!
+//! Rules, each for a reason:
+//! - They stay registered with the client's undos until they are over, so that the
+//!   client's next acquisition of the key on that node waits for them.
+//! - They run on the caller's runtime when there is one: a hop to another thread per
+//!   request costs more than the request itself under load. If that runtime ends first (a
+//!   short-lived runtime, a test's), the nodes that had not answered are handed over to the
+//!   client's own thread and their undos sent again (every undo is safe to repeat): an undo
+//!   dropped unsent would leave its key for a whole lease.
+//! - An undo that timed out after the node's connection was replaced is sent again, until
+//!   the keys it removes have expired anyway. On one connection an undo is written behind
+//!   the request it undoes and runs after it even when it timed out (the node was hung);
+//!   once the connection broke, the request may still sit in the hung node's buffer while
+//!   the undo was lost with the connection, and the request then runs alone when the node
+//!   wakes up. A node that refuses connections is not retried: what it had not run is gone.
+//! - Failures that remain are counted and logged, never silent.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
+
+use crate::error::NodeOutcome;
+
+use super::Core;
+use super::round::Rest;
+use super::undo::Tracked;
+
+/// A fresh undo request for a node, registered with the client's undos while in flight.
+pub(crate) type Remake =
+    Arc<dyn Fn(usize) -> BoxFuture<'static, (usize, NodeOutcome)> + Send + Sync>;
+
+/// The first pause before an undo is sent again; it doubles each time, up to a second.
+const FIRST_PAUSE: Duration = Duration::from_millis(50);
+const MAX_PAUSE: Duration = Duration::from_secs(1);
+
+/// What the background needs to finish, report, and send again the undos of one round.
+#[derive(Clone)]
+pub(crate) struct Undos {
+    pub(crate) core: Arc<Core>,
+    pub(crate) remake: Remake,
+    /// Every key these undos remove has expired by then: no point in sending them after.
+    pub(crate) until: Instant,
+    pub(crate) what: &'static str,
+    pub(crate) resource: Arc<str>,
+}
+
+/// Where the undos run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Place {
+    /// The caller's runtime if there is one, handed over to the client's own thread if it
+    /// ends first.
+    Caller,
+    /// The client's own thread.
+    Own,
+}
+
+/// Finishes `rest`, the undos still in flight on the nodes `pending`, in the background;
+/// `tracked` are their registrations.
+pub(crate) fn finish<F>(
+    undos: Undos,
+    rest: Rest<F>,
+    pending: Vec<usize>,
+    tracked: Vec<Tracked>,
+    place: Place,
+) where
+    F: Future<Output = (usize, NodeOutcome)> + Send + 'static,
+{
+    if rest.is_empty() {
+        return;
+    }
+    let tasks = undos.core.tasks.clone();
+    // The connections the undos went out on: once one was replaced, the undo on that node
+    // is no longer ordered behind what it undoes.
+    let generations: Vec<u64> = undos.core.nodes.iter().map(|node| node.generation()).collect();
+    // Built outside the task: a task dropped before its first poll still hands its undos on.
+    let mut unfinished =
+        Unfinished { left: pending, undos: undos.clone(), hand_over: place == Place::Caller };
+    let task = async move {
+        let mut retries: FuturesUnordered<BoxFuture<'static, (usize, NodeOutcome)>> =
+            FuturesUnordered::new();
+        let mut pauses = vec![FIRST_PAUSE; undos.core.nodes.len()];
+        let mut rest = rest;
+        while let Some((i, outcome)) = next(&mut rest, &mut retries).await {
+            let reconnected = undos.core.nodes[i].generation() != generations[i];
+            let pause = pauses[i];
+            if outcome == NodeOutcome::TimedOut
+                && reconnected
+                && Instant::now() + pause < undos.until
+            {
+                pauses[i] = (pause * 2).min(MAX_PAUSE);
+                let remake = undos.remake.clone();
+                retries.push(
+                    async move {
+                        tokio::time::sleep(pause).await;
+                        remake(i).await
+                    }
+                    .boxed(),
+                );
+                continue;
+            }
+            unfinished.left.retain(|&node| node != i);
+            report(&undos, i, &outcome);
+        }
+        drop(tracked);
+        drop(unfinished);
+    };
+    match place {
+        Place::Caller => tasks.spawn(task),
+        Place::Own => drop(tasks.spawn_own(task)),
+    }
+}
+
+/// Counts and logs an undo that failed for good.
+fn report(undos: &Undos, i: usize, outcome: &NodeOutcome) {
+    if outcome.is_fault() {
+        undos.core.undos.note_failure(i);
+        tracing::warn!(
+            target: "redlock",
+            node = &**undos.core.nodes[i].name(),
+            resource = &*undos.resource,
+            %outcome,
+            "background {} failed: the key stays until its lease ends",
+            undos.what
+        );
+    }
+}
+
+/// The next answer of either set of requests; `None` once both are empty.
+async fn next<F>(
+    rest: &mut Rest<F>,
+    retries: &mut FuturesUnordered<BoxFuture<'static, (usize, NodeOutcome)>>,
+) -> Option<(usize, NodeOutcome)>
+where
+    F: Future<Output = (usize, NodeOutcome)>,
+{
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(Some(answer)) = rest.poll_next_unpin(cx) {
+            return Poll::Ready(Some(answer));
+        }
+        if let Poll::Ready(Some(answer)) = retries.poll_next_unpin(cx) {
+            return Poll::Ready(Some(answer));
+        }
+        if rest.is_empty() && retries.is_empty() { Poll::Ready(None) } else { Poll::Pending }
+    })
+    .await
+}
+
+/// The nodes whose undo has not answered yet: if the task is dropped before (its runtime
+/// ended), they are sent again on the client's own thread.
+struct Unfinished {
+    left: Vec<usize>,
+    undos: Undos,
+    hand_over: bool,
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if !self.hand_over || self.left.is_empty() {
+            return;
+        }
+        let left = std::mem::take(&mut self.left);
+        let remake = self.undos.remake.clone();
+        let requests: Rest<_> = left.iter().map(|&i| remake(i)).collect();
+        finish(self.undos.clone(), requests, left, Vec::new(), Place::Own);
+    }
+}

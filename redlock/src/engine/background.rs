@@ -9,7 +9,8 @@
 //!   short-lived runtime, a test's), the nodes that had not answered are handed over to the
 //!   client's own thread and their undos sent again (every undo is safe to repeat): an undo
 //!   dropped unsent would leave its key for a whole lease.
-//! - An undo that timed out after the node's connection was replaced is sent again, until
+//! - An undo that timed out when the node's connection was replaced at any time since the
+//!   request it undoes was made (before the round's decision included) is sent again, until
 //!   the keys it removes have expired anyway. On one connection an undo is written behind
 //!   the request it undoes and runs after it even when it timed out (the node was hung);
 //!   once the connection broke, the request may still sit in the hung node's buffer while
@@ -49,6 +50,10 @@ pub(crate) struct Undos {
     pub(crate) until: Instant,
     pub(crate) what: &'static str,
     pub(crate) resource: Arc<str>,
+    /// Per node, the connection generation when the first request these undos undo was
+    /// made: once it changed, an undo may travel on another connection than what it
+    /// undoes, and nothing orders them.
+    pub(crate) generations: Arc<[u64]>,
 }
 
 /// Where the undos run.
@@ -76,9 +81,6 @@ pub(crate) fn finish<F>(
         return;
     }
     let tasks = undos.core.tasks.clone();
-    // The connections the undos went out on: once one was replaced, the undo on that node
-    // is no longer ordered behind what it undoes.
-    let generations: Vec<u64> = undos.core.nodes.iter().map(|node| node.generation()).collect();
     // Built outside the task: a task dropped before its first poll still hands its undos on.
     let mut unfinished =
         Unfinished { left: pending, undos: undos.clone(), hand_over: place == Place::Caller };
@@ -88,7 +90,7 @@ pub(crate) fn finish<F>(
         let mut pauses = vec![FIRST_PAUSE; undos.core.nodes.len()];
         let mut rest = rest;
         while let Some((i, outcome)) = next(&mut rest, &mut retries).await {
-            let reconnected = undos.core.nodes[i].generation() != generations[i];
+            let reconnected = undos.core.nodes[i].generation() != undos.generations[i];
             let pause = pauses[i];
             if outcome == NodeOutcome::TimedOut
                 && reconnected

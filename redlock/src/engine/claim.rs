@@ -22,6 +22,7 @@ use super::fencing;
 use super::protocol::{Op, Protocol};
 use super::round::{self, Round};
 use super::slot::Slot;
+use super::undo::Tracked;
 
 /// A hold of any kind on the nodes, released in the background if dropped while armed
 /// (never blocking in `Drop`).
@@ -40,6 +41,9 @@ pub(crate) struct Claim<P: Protocol> {
     expires_by: Instant,
     fence: Option<u64>,
     armed: bool,
+    /// Per node, the connection generation when the claim's first request was made: an
+    /// undo that times out after it changed is sent again (see [`background`]).
+    generations: Arc<[u64]>,
     /// When the granting round started: the hold's duration counts from here.
     since: Instant,
 }
@@ -116,6 +120,7 @@ impl<P: Protocol> Claim<P> {
             expires_by: started_at + ttl.duration(),
             fence: None,
             armed: true,
+            generations: core.nodes.iter().map(|node| node.generation()).collect(),
             since: started_at,
         };
         let requests: Vec<_> = (0..n)
@@ -202,12 +207,15 @@ impl<P: Protocol> Claim<P> {
             .filter(|(_, o)| matches!(o, NodeOutcome::Ok | NodeOutcome::Quarantined))
             .map(|(i, _)| i)
             .collect();
+        // Registered before anything is awaited: a new attempt of this client on the key
+        // that starts while this round runs waits for them.
+        let tracked = self.track();
         let answered = |_: &quorum::Tally, outcomes: &[NodeOutcome]| {
             let done = granted.iter().all(|&i| outcomes[i] != NodeOutcome::Pending);
             done.then_some(Settled::Reached)
         };
         let (round, rest) = round::run_until(requests, outcomes, Instant::now(), answered).await;
-        self.finish_undos(rest, &round, (Op::CleanUp, &command), "clean-up");
+        self.finish_undos(rest, &round, tracked, (Op::CleanUp, &command), "clean-up");
         self.armed = false;
     }
 
@@ -276,8 +284,8 @@ impl<P: Protocol> Claim<P> {
     async fn release_round(mut self) -> Result<()> {
         let was_valid = self.is_valid();
         let command = Arc::new(self.proto.command(Op::Release, self.ttl));
-        let (round, rest) = self.undo_round(Op::Release, &command).await;
-        self.finish_undos(rest, &round, (Op::Release, &command), "release");
+        let (round, rest, tracked) = self.undo_round(Op::Release, &command).await;
+        self.finish_undos(rest, &round, tracked, (Op::Release, &command), "release");
         // Only now: if this future is dropped mid-round, Drop releases again (every
         // release is safe to repeat).
         self.armed = false;
@@ -319,21 +327,37 @@ impl<P: Protocol> Claim<P> {
         &mut self,
         op: Op,
         command: &Arc<Command>,
-    ) -> (Round, round::Rest<impl Future<Output = (usize, NodeOutcome)> + Send + 'static + use<P>>)
-    {
+    ) -> (
+        Round,
+        round::Rest<impl Future<Output = (usize, NodeOutcome)> + Send + 'static + use<P>>,
+        Vec<(usize, Tracked)>,
+    ) {
         let n = self.core.nodes.len();
         let requests: Vec<_> = (0..n).map(|i| self.request(i, op, command, Vec::new())).collect();
-        round::run(requests, Instant::now(), quorum::settle_hold).await
+        let tracked = self.track();
+        let (round, rest) = round::run(requests, Instant::now(), quorum::settle_hold).await;
+        (round, rest, tracked)
+    }
+
+    /// Registers this claim's latest request on every node (its undos, when called right
+    /// after they were made), so that this client's next acquisition of the keys there
+    /// waits for them.
+    fn track(&self) -> Vec<(usize, Tracked)> {
+        (self.tails.iter().enumerate())
+            .filter_map(|(i, slot)| {
+                Some((i, self.core.undos.track(i, self.proto.keys(), slot.as_ref()?)))
+            })
+            .collect()
     }
 
     /// Leaves the undos of `round` still in flight to the background; see
-    /// [`background`]. They are registered from here on (the undos answered by now need
-    /// not be), so that this client's next acquisition of the keys on those nodes waits
-    /// for them; nothing was awaited since the round's decision.
+    /// [`background`]. `tracked` are the undos' registrations: those of the nodes still
+    /// pending stay until their undo is over.
     fn finish_undos<F>(
         &self,
         rest: round::Rest<F>,
         round: &Round,
+        tracked: Vec<(usize, Tracked)>,
         (op, command): (Op, &Arc<Command>),
         what: &'static str,
     ) where
@@ -343,10 +367,9 @@ impl<P: Protocol> Claim<P> {
             .filter(|(_, outcome)| **outcome == NodeOutcome::Pending)
             .map(|(i, _)| i)
             .collect();
-        let tracked = (pending.iter())
-            .filter_map(|&i| {
-                Some(self.core.undos.track(i, self.proto.keys(), self.tails[i].as_ref()?))
-            })
+        let tracked = (tracked.into_iter())
+            .filter(|(i, _)| pending.contains(i))
+            .map(|(_, tracked)| tracked)
             .collect();
         let undos = background::Undos {
             core: self.core.clone(),
@@ -355,6 +378,7 @@ impl<P: Protocol> Claim<P> {
             until: self.expires_by + self.ttl.drift(),
             what,
             resource: self.resource.clone(),
+            generations: self.generations.clone(),
         };
         background::finish(undos, rest, pending, tracked, Place::Caller);
     }
@@ -386,8 +410,9 @@ impl<P: Protocol> Claim<P> {
         let n = self.core.nodes.len();
         let requests: round::Rest<_> =
             (0..n).map(|i| self.request(i, Op::Release, &command, Vec::new())).collect();
+        let tracked = self.track();
         let unsent = Round::none(n, Instant::now());
-        self.finish_undos(requests, &unsent, (Op::Release, &command), "release");
+        self.finish_undos(requests, &unsent, tracked, (Op::Release, &command), "release");
     }
 
     pub(crate) fn proto(&self) -> &P {

@@ -134,7 +134,9 @@ where
         };
         let keys: Vec<Arc<str>> = first.keys().to_vec();
         let in_line = first.waits_in_line();
-        let mut give_up = GiveUp { core, keys, resource: resource.clone(), withdrawal };
+        let generations = core.nodes.iter().map(|node| node.generation()).collect();
+        let mut give_up =
+            GiveUp { core, keys, resource: resource.clone(), withdrawal, generations };
         let mut next = Some(first);
         // Woken by the releases of the first key (a multi-resource lock's other keys are
         // found by the timer).
@@ -162,6 +164,8 @@ struct GiveUp<'a> {
     keys: Vec<Arc<str>>,
     resource: Arc<str>,
     withdrawal: Option<Command>,
+    /// Per node, the connection generation when the wait began (see `background`).
+    generations: Arc<[u64]>,
 }
 
 impl Drop for GiveUp<'_> {
@@ -208,6 +212,7 @@ impl Drop for GiveUp<'_> {
             until: std::time::Instant::now() + core.config.ttl.duration(),
             what: "withdrawal",
             resource: self.resource.clone(),
+            generations: self.generations.clone(),
         };
         let pending = (0..core.nodes.len()).collect();
         background::finish(undos, requests, pending, tracked, background::Place::Own);

@@ -21,11 +21,31 @@ pub enum Impl {
     Rslock,
     /// The `redlock` 2.x crate (redlock-rs), sync.
     RedlockRs,
+    /// Ours, a fenced lock (two more rounds after the grant).
+    OursFenced,
+    /// Ours, a reentrant hold.
+    OursReentrant,
+    /// Ours, a multi-resource lock of two resources.
+    OursMulti,
+    /// Ours, a read share of a read-write lock.
+    OursRead,
+    /// Ours, the write side of a read-write lock.
+    OursWrite,
 }
 
 impl Impl {
     /// Every implementation, the floor first.
     pub const ALL: [Impl; 4] = [Impl::Floor, Impl::Ours, Impl::Rslock, Impl::RedlockRs];
+
+    /// Our plain lock and every other kind of ours, the plain lock first.
+    pub const KINDS: [Impl; 6] = [
+        Impl::Ours,
+        Impl::OursFenced,
+        Impl::OursReentrant,
+        Impl::OursMulti,
+        Impl::OursRead,
+        Impl::OursWrite,
+    ];
 
     /// The name used in tables and benchmark ids.
     pub fn name(self) -> &'static str {
@@ -34,12 +54,17 @@ impl Impl {
             Impl::Floor => "floor",
             Impl::Rslock => "rslock",
             Impl::RedlockRs => "redlock-rs",
+            Impl::OursFenced => "ours/fenced",
+            Impl::OursReentrant => "ours/reentrant",
+            Impl::OursMulti => "ours/multi(2)",
+            Impl::OursRead => "ours/read",
+            Impl::OursWrite => "ours/write",
         }
     }
 
     /// Parses [`Impl::name`].
     pub fn from_name(name: &str) -> Option<Impl> {
-        Impl::ALL.into_iter().find(|i| i.name() == name)
+        Impl::ALL.into_iter().chain(Impl::KINDS).find(|i| i.name() == name)
     }
 }
 
@@ -73,8 +98,9 @@ impl Default for Settings {
 /// A client of one implementation, connected to a set of nodes. Cheap to clone.
 #[derive(Clone)]
 pub enum Client {
-    /// `try` is one attempt, `wait` retries until it gets the lock.
-    Ours { try_rl: Redlock, wait_rl: Redlock },
+    /// `try` is one attempt, `wait` retries until it gets the lock; `kind` is which kind
+    /// of lock ([`Impl::Ours`] or one of the other [`Impl::KINDS`]).
+    Ours { try_rl: Redlock, wait_rl: Redlock, kind: Impl },
     /// The raw floor.
     Floor(Arc<Floor>),
     /// `try_mgr` makes one attempt, `wait_mgr` is used with `acquire_no_guard`.
@@ -102,7 +128,12 @@ impl Client {
     /// connections and loads its script).
     pub async fn new(imp: Impl, urls: &[String], settings: Settings) -> Result<Self, String> {
         Ok(match imp {
-            Impl::Ours => {
+            Impl::Ours
+            | Impl::OursFenced
+            | Impl::OursReentrant
+            | Impl::OursMulti
+            | Impl::OursRead
+            | Impl::OursWrite => {
                 let builder = Redlock::builder()
                     .nodes(urls.iter().cloned())
                     .ttl(settings.ttl)
@@ -118,7 +149,7 @@ impl Client {
                     )
                     .build()
                     .map_err(err)?;
-                Client::Ours { try_rl, wait_rl }
+                Client::Ours { try_rl, wait_rl, kind: imp }
             }
             Impl::Floor => Client::Floor(Arc::new(Floor::connect(urls, settings).await?)),
             Impl::Rslock => {
@@ -146,7 +177,7 @@ impl Client {
     /// Which implementation this is.
     pub fn kind(&self) -> Impl {
         match self {
-            Client::Ours { .. } => Impl::Ours,
+            Client::Ours { kind, .. } => *kind,
             Client::Floor(_) => Impl::Floor,
             Client::Rslock { .. } => Impl::Rslock,
             Client::RedlockRs { .. } => Impl::RedlockRs,
@@ -157,9 +188,7 @@ impl Client {
     /// (or the release failed, where the implementation says so).
     pub async fn lock_release(&self, key: &str) -> Result<(), String> {
         match self {
-            Client::Ours { try_rl, .. } => {
-                try_rl.try_lock(key).await.map_err(err)?.release().await.map_err(err)
-            }
+            Client::Ours { try_rl, kind, .. } => ours_lock_release(try_rl, *kind, key).await,
             Client::Floor(floor) => floor.lock_release(key).await,
             Client::Rslock { try_mgr, ttl, .. } => {
                 let lock = try_mgr.lock(key.as_bytes(), *ttl).await.map_err(err)?;
@@ -245,6 +274,16 @@ impl Turns {
     pub fn gaps(&self) -> Vec<std::time::Duration> {
         self.state().gaps.clone()
     }
+
+    /// How many gaps were measured so far.
+    pub fn len(&self) -> usize {
+        self.state().gaps.len()
+    }
+
+    /// Whether no gap was measured yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 impl Client {
@@ -284,6 +323,25 @@ impl Client {
             Client::Floor(_) | Client::RedlockRs { .. } => None,
         }
     }
+}
+
+/// One attempt of our lock of `kind` on `key` (and `key` + `:2` for the multi kind), then
+/// its release.
+async fn ours_lock_release(rl: &Redlock, kind: Impl, key: &str) -> Result<(), String> {
+    match kind {
+        Impl::OursFenced => rl.try_lock(key).fenced().await.map_err(err)?.release().await,
+        Impl::OursReentrant => {
+            rl.reentrant(key, "bench").once().await.map_err(err)?.release().await
+        }
+        Impl::OursMulti => {
+            let second = format!("{key}:2");
+            rl.many(&[key, &second]).once().await.map_err(err)?.release().await
+        }
+        Impl::OursRead => rl.read(key).once().await.map_err(err)?.release().await,
+        Impl::OursWrite => rl.write(key).once().await.map_err(err)?.release().await,
+        _ => rl.try_lock(key).await.map_err(err)?.release().await,
+    }
+    .map_err(err)
 }
 
 fn err(e: impl fmt::Display) -> String {

@@ -20,7 +20,7 @@ pub use client::{Client, Impl, Settings, Turns};
 pub use machine::machine_line;
 pub use run::{
     Batch, handoff_batch, hot_key_batch, latency_batch, throughput_batch, timed_concurrent,
-    timed_sequential,
+    timed_handoffs, timed_sequential,
 };
 pub use stats::{Samples, fmt_duration};
 

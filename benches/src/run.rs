@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::client::{Client, Turns};
-use crate::stats::Samples;
+use crate::stats::{Samples, process_cpu};
 
 /// How much one latency batch may do.
 #[derive(Clone, Copy, Debug)]
@@ -19,6 +19,7 @@ pub struct Batch {
 /// Sequential lock+release of `key`, one at a time (uncontended latency).
 pub async fn latency_batch(client: &Client, key: &str, batch: Batch) -> Samples {
     let start = Instant::now();
+    let cpu = process_cpu();
     let mut samples = Samples::default();
     for _ in 0..batch.samples {
         if start.elapsed() >= batch.max_time {
@@ -28,6 +29,7 @@ pub async fn latency_batch(client: &Client, key: &str, batch: Batch) -> Samples 
         let result = client.lock_release(key).await;
         samples.record(t.elapsed(), result);
     }
+    samples.cpu = process_cpu().saturating_sub(cpu);
     samples
 }
 
@@ -65,6 +67,7 @@ pub async fn handoff_batch(
 ) -> Samples {
     let turns = Turns::default();
     let deadline = Instant::now() + duration;
+    let failed_before = redlock::bench_internals::failed_attempts();
     let handles: Vec<_> = (0..tasks)
         .map(|_| {
             let (client, key, turns) = (client.clone(), key.to_owned(), turns.clone());
@@ -88,11 +91,15 @@ pub async fn handoff_batch(
         }
     }
     total.latencies = turns.gaps();
+    if client.kind() == crate::Impl::Ours {
+        total.failed_attempts = redlock::bench_internals::failed_attempts() - failed_before;
+    }
     total
 }
 
 async fn concurrent(client: &Client, keys: Vec<String>, duration: Duration, wait: bool) -> Samples {
     let start = Instant::now();
+    let cpu = process_cpu();
     let deadline = start + duration;
     let handles: Vec<_> = keys
         .into_iter()
@@ -122,6 +129,7 @@ async fn concurrent(client: &Client, keys: Vec<String>, duration: Duration, wait
     }
     total.ops = total.latencies.len() as u64;
     total.busy = start.elapsed();
+    total.cpu = process_cpu().saturating_sub(cpu);
     total
 }
 
@@ -175,4 +183,36 @@ pub async fn timed_concurrent(client: &Client, keys: &[String], ops: u64, wait: 
         task.await.expect("benchmark task");
     }
     start.elapsed()
+}
+
+/// For criterion's `iter_custom`: `tasks` tasks taking turns on `key` (each holding it for
+/// `hold`) until `gaps` handoffs were measured; returns the sum of those gaps (release
+/// started to next grant, counted only when someone was waiting).
+///
+/// # Panics
+/// When a turn fails, or for an implementation without a blocking lock.
+pub async fn timed_handoffs(
+    client: &Client,
+    key: &str,
+    tasks: usize,
+    hold: Duration,
+    gaps: u64,
+) -> Duration {
+    let turns = Turns::default();
+    let wanted = usize::try_from(gaps).unwrap_or(usize::MAX);
+    let handles: Vec<_> = (0..tasks)
+        .map(|_| {
+            let (client, key, turns) = (client.clone(), key.to_owned(), turns.clone());
+            tokio::spawn(async move {
+                while turns.len() < wanted {
+                    let turn = client.take_turn(&key, hold, &turns).await;
+                    turn.expect("a blocking lock").expect("a turn");
+                }
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.await.expect("benchmark task");
+    }
+    turns.gaps().into_iter().take(wanted).sum()
 }

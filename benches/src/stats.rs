@@ -15,6 +15,10 @@ pub struct Samples {
     pub ops: u64,
     /// Time spent in throughput batches.
     pub busy: Duration,
+    /// Acquisition attempts of ours that were not granted (handoff batches).
+    pub failed_attempts: u64,
+    /// CPU time of this process (every thread) during the batches.
+    pub cpu: Duration,
 }
 
 impl Samples {
@@ -27,6 +31,8 @@ impl Samples {
         }
         self.ops += other.ops;
         self.busy += other.busy;
+        self.failed_attempts += other.failed_attempts;
+        self.cpu += other.cpu;
     }
 
     /// Records one operation's outcome.
@@ -63,14 +69,32 @@ impl Samples {
         self.quantile(0.99)
     }
 
+    /// This process's CPU time per successful operation.
+    pub fn cpu_per_op(&self) -> Option<Duration> {
+        let ops = u32::try_from(self.latencies.len()).ok().filter(|&n| n > 0)?;
+        (!self.cpu.is_zero()).then(|| self.cpu / ops)
+    }
+
     /// Successful operations per second over the throughput batches, if any ran.
     pub fn throughput(&self) -> Option<f64> {
         (!self.busy.is_zero()).then(|| self.ops as f64 / self.busy.as_secs_f64())
     }
 }
 
-/// A latency in the unit that reads best: µs below 10 ms, ms above.
+/// A latency in the unit that reads best: µs below 10 ms (with a decimal below 100 µs),
+/// ms above.
 pub fn fmt_duration(d: Duration) -> String {
     let us = d.as_secs_f64() * 1e6;
-    if us < 10_000.0 { format!("{us:.0} µs") } else { format!("{:.1} ms", us / 1000.0) }
+    if us < 100.0 {
+        format!("{us:.1} µs")
+    } else if us < 10_000.0 {
+        format!("{us:.0} µs")
+    } else {
+        format!("{:.1} ms", us / 1000.0)
+    }
+}
+
+/// The CPU time this process (all its threads) has used so far.
+pub fn process_cpu() -> Duration {
+    cpu_time::ProcessTime::try_now().map_or(Duration::ZERO, |t| t.as_duration())
 }

@@ -6,7 +6,9 @@
 mod common;
 mod cpu;
 mod faults;
+mod handoff;
 mod hot_key;
+mod kinds;
 mod latency;
 mod throughput;
 
@@ -15,5 +17,7 @@ criterion::criterion_main!(
     latency::benches,
     faults::benches,
     throughput::benches,
-    hot_key::benches
+    hot_key::benches,
+    handoff::benches,
+    kinds::benches
 );

@@ -16,18 +16,8 @@ mod common;
 
 use std::time::Duration;
 
-use redlock::{ErrorKind, Redlock, Retry};
+use redlock::ErrorKind;
 use redlock_testkit::{FaultyCluster, NetFault, NodeConfig};
-
-fn client(urls: Vec<String>) -> Redlock {
-    Redlock::builder()
-        .nodes(urls)
-        .ttl(Duration::from_secs(10))
-        .node_timeout(Duration::from_millis(100))
-        .retry(Retry::never())
-        .build()
-        .unwrap()
-}
 
 fn slow(cluster: &FaultyCluster, client: usize, delay: Duration) {
     for node in 0..cluster.len() {
@@ -51,8 +41,8 @@ fn slow(cluster: &FaultyCluster, client: usize, delay: Duration) {
 
 async fn a_failed_shorter_extend_must_not_shorten_the_keys_of_a_valid_lock() {
     let cluster = FaultyCluster::start_for_clients(3, 2, NodeConfig::new()).unwrap();
-    let a = client(cluster.urls_for(0));
-    let b = client(cluster.urls_for(1));
+    let a = common::single_attempt(cluster.urls_for(0));
+    let b = common::single_attempt(cluster.urls_for(1));
     let mut lock = a.try_lock("k").await.unwrap();
     let before = lock.deadline();
 
@@ -79,8 +69,8 @@ async fn a_failed_shorter_extend_must_not_shorten_the_keys_of_a_valid_lock() {
 
 async fn a_failed_shorter_multi_extend_must_not_shorten_the_keys_of_a_valid_set() {
     let cluster = FaultyCluster::start_for_clients(3, 2, NodeConfig::new()).unwrap();
-    let a = client(cluster.urls_for(0));
-    let b = client(cluster.urls_for(1));
+    let a = common::single_attempt(cluster.urls_for(0));
+    let b = common::single_attempt(cluster.urls_for(1));
     let mut set = a.many(&["x", "y"]).once().await.unwrap();
 
     slow(&cluster, 0, Duration::from_millis(300));
@@ -102,8 +92,8 @@ async fn a_failed_shorter_multi_extend_must_not_shorten_the_keys_of_a_valid_set(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hash_kinds_never_shorten_on_a_failed_extend() {
     let cluster = FaultyCluster::start_for_clients(3, 2, NodeConfig::new()).unwrap();
-    let a = client(cluster.urls_for(0));
-    let b = client(cluster.urls_for(1));
+    let a = common::single_attempt(cluster.urls_for(0));
+    let b = common::single_attempt(cluster.urls_for(1));
     let mut hold = a.reentrant("r", "owner-a").once().await.unwrap();
     let mut grant = a.write("w").once().await.unwrap();
 
@@ -141,8 +131,8 @@ async fn hash_kinds_never_shorten_on_a_failed_extend() {
 
 async fn a_capped_auto_extension_never_lets_another_client_in_before_lost() {
     let cluster = FaultyCluster::start_for_clients(3, 2, NodeConfig::new()).unwrap();
-    let a = client(cluster.urls_for(0));
-    let b = client(cluster.urls_for(1));
+    let a = common::single_attempt(cluster.urls_for(0));
+    let b = common::single_attempt(cluster.urls_for(1));
     let lock = a.try_lock("k").ttl(Duration::from_secs(3)).await.unwrap();
     let granted = std::time::Instant::now();
     let auto = lock.auto_extend_capped(Duration::from_millis(2200));

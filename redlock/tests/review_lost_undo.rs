@@ -15,18 +15,8 @@ mod common;
 
 use std::time::Duration;
 
-use redlock::{ErrorKind, Redlock, Retry};
+use redlock::ErrorKind;
 use redlock_testkit::{FaultyCluster, NetFault};
-
-fn client(urls: Vec<String>) -> Redlock {
-    Redlock::builder()
-        .nodes(urls)
-        .ttl(Duration::from_secs(10))
-        .node_timeout(Duration::from_millis(100))
-        .retry(Retry::never())
-        .build()
-        .unwrap()
-}
 
 /// Breaks client 0's connection to node `i` (already-forwarded bytes stay in the node's
 /// buffer), then lets new connections through again at once.
@@ -50,7 +40,7 @@ fn break_connection(cluster: &FaultyCluster, i: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_attempt_on_a_hung_node_whose_connection_breaks_leaves_no_key() {
     let mut faulty = FaultyCluster::start(3).unwrap();
-    let rl = client(faulty.urls());
+    let rl = common::single_attempt(faulty.urls());
     rl.try_lock("warm").await.unwrap().release().await.unwrap();
     for i in [0, 1] {
         faulty.cluster().node(i).set("k", "foreign").unwrap();
@@ -84,7 +74,7 @@ async fn a_failed_attempt_on_a_hung_node_whose_connection_breaks_leaves_no_key()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_behind_an_extension_on_a_hung_node_whose_connection_breaks_leaves_no_key() {
     let mut faulty = FaultyCluster::start(3).unwrap();
-    let rl = client(faulty.urls());
+    let rl = common::single_attempt(faulty.urls());
     let mut lock = rl.try_lock("r").await.unwrap();
     let everywhere = || faulty.cluster().nodes_holding("r", lock.token()).len() == 3;
     assert!(common::eventually(Duration::from_secs(1), everywhere).await);
@@ -111,7 +101,7 @@ async fn a_release_behind_an_extension_on_a_hung_node_whose_connection_breaks_le
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn control_a_failed_attempt_on_a_hung_node_leaves_no_key() {
     let mut faulty = FaultyCluster::start(3).unwrap();
-    let rl = client(faulty.urls());
+    let rl = common::single_attempt(faulty.urls());
     rl.try_lock("warm").await.unwrap().release().await.unwrap();
     for i in [0, 1] {
         faulty.cluster().node(i).set("k", "foreign").unwrap();

@@ -7,23 +7,13 @@ mod common;
 
 use std::time::Duration;
 
-use redlock::{ErrorKind, Redlock, Retry};
+use redlock::ErrorKind;
 use redlock_testkit::{FaultyCluster, NetFault};
-
-fn client(urls: Vec<String>) -> Redlock {
-    Redlock::builder()
-        .nodes(urls)
-        .ttl(Duration::from_secs(10))
-        .node_timeout(Duration::from_millis(100))
-        .retry(Retry::never())
-        .build()
-        .unwrap()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reset_before_the_decision_still_gets_the_failed_attempts_key_removed() {
     let mut faulty = FaultyCluster::start(3).unwrap();
-    let rl = client(faulty.urls());
+    let rl = common::single_attempt(faulty.urls());
     rl.try_lock("warm").await.unwrap().release().await.unwrap();
     for i in [0, 1] {
         faulty.cluster().node(i).set("k", "foreign").unwrap();

@@ -13,8 +13,13 @@ pub fn cluster(n: usize) -> Cluster {
 
 /// A builder over the cluster with test-friendly settings: one attempt, 10 s lease.
 pub fn builder(cluster: &Cluster, node_timeout: Duration) -> RedlockBuilder {
+    builder_for(cluster.urls(), node_timeout)
+}
+
+/// [`builder`] over any URLs (a faulty cluster's proxies).
+pub fn builder_for(urls: Vec<String>, node_timeout: Duration) -> RedlockBuilder {
     Redlock::builder()
-        .nodes(cluster.urls())
+        .nodes(urls)
         .ttl(Duration::from_secs(10))
         .node_timeout(node_timeout)
         .retry(Retry::never())
@@ -22,6 +27,11 @@ pub fn builder(cluster: &Cluster, node_timeout: Duration) -> RedlockBuilder {
 
 pub fn client(cluster: &Cluster) -> Redlock {
     builder(cluster, Duration::from_millis(200)).build().unwrap()
+}
+
+/// One attempt, 10 s lease, 100 ms node timeout, over any URLs.
+pub fn single_attempt(urls: Vec<String>) -> Redlock {
+    builder_for(urls, Duration::from_millis(100)).build().unwrap()
 }
 
 /// Runs one raw command (`args[0]` and its arguments) on node `i`, ignoring the reply.

@@ -66,7 +66,7 @@ pub(crate) struct Command {
 #[derive(Debug)]
 enum Kind {
     Plain(Cmd),
-    Script { script: &'static Script, evalsha: Cmd, keys: Vec<String>, args: Vec<Vec<u8>> },
+    Script { script: &'static Script, evalsha: Cmd },
 }
 
 impl Command {
@@ -87,10 +87,19 @@ impl Command {
         K: AsRef<str>,
         A: AsRef<[u8]>,
     {
-        let keys: Vec<String> = keys.iter().map(|key| key.as_ref().to_owned()).collect();
-        let args: Vec<Vec<u8>> = args.iter().map(|arg| arg.as_ref().to_vec()).collect();
-        let evalsha = script.invocation("EVALSHA", &script.sha, &keys, &args);
-        Self { kind: Kind::Script { script, evalsha, keys, args }, resend }
+        let size = keys.iter().map(|key| key.as_ref().len()).sum::<usize>()
+            + args.iter().map(|arg| arg.as_ref().len()).sum::<usize>()
+            + script.sha.len()
+            + 16;
+        let mut evalsha = Cmd::with_capacity(3 + keys.len() + args.len(), size);
+        evalsha.arg("EVALSHA").arg(&script.sha).arg(keys.len());
+        for key in keys {
+            evalsha.arg(key.as_ref());
+        }
+        for arg in args {
+            evalsha.arg(arg.as_ref());
+        }
+        Self { kind: Kind::Script { script, evalsha }, resend }
     }
 
     /// What is sent first.
@@ -104,8 +113,16 @@ impl Command {
     pub(crate) fn fallback(&self) -> Option<Cmd> {
         match &self.kind {
             Kind::Plain(_) => None,
-            Kind::Script { script, keys, args, .. } => {
-                Some(script.invocation("EVAL", script.source, keys, args))
+            Kind::Script { script, evalsha } => {
+                // The same keys and arguments, after the script's hash.
+                let mut eval = redis::cmd("EVAL");
+                eval.arg(script.source);
+                for arg in evalsha.args_iter().skip(2) {
+                    if let redis::Arg::Simple(bytes) = arg {
+                        eval.arg(bytes);
+                    }
+                }
+                Some(eval)
             }
         }
     }
@@ -133,10 +150,34 @@ impl Script {
         cmd.arg("LOAD").arg(self.source);
         cmd
     }
+}
 
-    fn invocation(&self, verb: &str, body: &str, keys: &[String], args: &[Vec<u8>]) -> Cmd {
-        let mut cmd = redis::cmd(verb);
-        cmd.arg(body).arg(keys.len()).arg(keys).arg(args);
-        cmd
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(cmd: &Cmd) -> Vec<Vec<u8>> {
+        (cmd.args_iter())
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => bytes.to_vec(),
+                _ => b"<cursor>".to_vec(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_eval_fallback_carries_the_same_keys_and_arguments_as_the_evalsha() {
+        let command =
+            Command::script(&RELEASE, &["key"], &[&b"token"[..], b"channel"], Resend::Safe);
+        let first = args(command.first());
+        let expected: Vec<Vec<u8>> =
+            [&b"EVALSHA"[..], RELEASE.sha.as_bytes(), b"1", b"key", b"token", b"channel"]
+                .map(<[u8]>::to_vec)
+                .into();
+        assert_eq!(first, expected);
+        let fallback = args(&command.fallback().unwrap());
+        assert_eq!(fallback[0], b"EVAL");
+        assert_eq!(fallback[1], RELEASE.source.as_bytes());
+        assert_eq!(fallback[2..], first[2..]);
     }
 }

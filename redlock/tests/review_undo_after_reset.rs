@@ -13,7 +13,9 @@ use redlock_testkit::{FaultyCluster, NetFault};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reset_before_the_decision_still_gets_the_failed_attempts_key_removed() {
     let mut faulty = FaultyCluster::start(3).unwrap();
-    let rl = common::single_attempt(faulty.urls());
+    // A node timeout well above the 80 ms the Held answers take, even on a loaded machine:
+    // with 100 ms they sometimes timed out, and the attempt failed as Unavailable.
+    let rl = common::builder_for(faulty.urls(), Duration::from_millis(300)).build().unwrap();
     rl.try_lock("warm").await.unwrap().release().await.unwrap();
     for i in [0, 1] {
         faulty.cluster().node(i).set("k", "foreign").unwrap();

@@ -67,12 +67,12 @@ pub(crate) enum Place {
 }
 
 /// Finishes `rest`, the undos still in flight on the nodes `pending`, in the background;
-/// `tracked` are their registrations.
+/// `tracked` is their registration, if any.
 pub(crate) fn finish<F>(
     undos: Undos,
     rest: Rest<F>,
     pending: Vec<usize>,
-    tracked: Vec<Tracked>,
+    tracked: Option<Tracked>,
     place: Place,
 ) where
     F: Future<Output = (usize, NodeOutcome)> + Send + 'static,
@@ -143,7 +143,7 @@ where
     F: Future<Output = (usize, NodeOutcome)>,
 {
     std::future::poll_fn(|cx| {
-        if let Poll::Ready(Some(answer)) = rest.poll_next_unpin(cx) {
+        if let Poll::Ready(Some(answer)) = rest.poll_next(cx) {
             return Poll::Ready(Some(answer));
         }
         if let Poll::Ready(Some(answer)) = retries.poll_next_unpin(cx) {
@@ -169,7 +169,7 @@ impl Drop for Unfinished {
         }
         let left = std::mem::take(&mut self.left);
         let remake = self.undos.remake.clone();
-        let requests: Rest<_> = left.iter().map(|&i| remake(i)).collect();
-        finish(self.undos.clone(), requests, left, Vec::new(), Place::Own);
+        let requests = Rest::new(left.iter().map(|&i| remake(i)));
+        finish(self.undos.clone(), requests, left, None, Place::Own);
     }
 }

@@ -27,7 +27,9 @@ pub(crate) struct NodeCall {
     pub(crate) node: usize,
     pub(crate) op: Op,
     pub(crate) command: Arc<Command>,
-    /// What must be over on the node before it goes out.
+    /// What must be over on the node before it goes out: the claim's previous request
+    /// there, if any, and `after`.
+    pub(crate) previous: Option<Arc<Slot>>,
     pub(crate) after: Vec<Arc<Slot>>,
     /// Settled when it is over.
     pub(crate) slot: Arc<Slot>,
@@ -37,7 +39,8 @@ impl NodeCall {
     /// A read-only check of node `node`, ordered after nothing: it changes nothing, so it
     /// may overtake whatever is in flight.
     pub(crate) fn check(node: usize, command: Arc<Command>) -> NodeCall {
-        NodeCall { node, op: Op::Check, command, after: Vec::new(), slot: Slot::new() }
+        let slot = Slot::new();
+        NodeCall { node, op: Op::Check, command, previous: None, after: Vec::new(), slot }
     }
 
     /// The request as a future answering `(node, outcome)`; `read` says what the reply
@@ -50,7 +53,7 @@ impl NodeCall {
     where
         R: FnOnce(&Reply) -> Answer + Send + 'static,
     {
-        let Self { node: i, op, command, after, slot } = self;
+        let Self { node: i, op, command, previous, after, slot } = self;
         let node = core.nodes[i].clone();
         let timeout = core.config.node_timeout;
         async move {
@@ -58,12 +61,12 @@ impl NodeCall {
             let started = std::time::Instant::now();
             let reply = if op == Op::Acquire {
                 let exchange = async {
-                    slot::all_settled(&after).await;
+                    slot::all_settled(previous.as_ref(), &after).await;
                     node.send(&command).await
                 };
                 tokio::time::timeout(timeout, exchange).await
             } else {
-                slot::all_settled(&after).await;
+                slot::all_settled(previous.as_ref(), &after).await;
                 tokio::time::timeout(timeout, node.send(&command)).await
             };
             let Ok(reply) = reply else {

@@ -123,14 +123,12 @@ impl<P: Protocol> Claim<P> {
             generations: core.nodes.iter().map(|node| node.generation()).collect(),
             since: started_at,
         };
-        let requests: Vec<_> = (0..n)
-            .map(|i| {
-                // This client's own undos of the key still in flight there go first: its
-                // abandoned attempt must not refuse it.
-                let after = core.undos.pending(i, proto.keys());
-                claim.request(i, Op::Acquire, &command, after)
-            })
-            .collect();
+        // This client's own undos of the keys still in flight go first on their nodes: its
+        // abandoned attempt must not refuse it.
+        let mut pending = core.undos.pending(proto.keys());
+        let requests = round::Rest::new(
+            (0..n).map(|i| claim.request(i, Op::Acquire, &command, pending.take(i))),
+        );
         // Unanswered requests go on in the background: a lock held on more nodes than the
         // bare quorum survives more failures. Releases on their nodes wait for them.
         let (round, rest) = round::run(requests, started_at, quorum::settle_acquire).await;
@@ -176,14 +174,12 @@ impl<P: Protocol> Claim<P> {
         i: usize,
         op: Op,
         command: &Arc<Command>,
-        mut after: Vec<Arc<Slot>>,
+        after: Vec<Arc<Slot>>,
     ) -> impl Future<Output = (usize, NodeOutcome)> + Send + 'static + use<P> {
         let slot = Slot::new();
-        if let Some(previous) = self.tails[i].replace(slot.clone()) {
-            after.push(previous);
-        }
+        let previous = self.tails[i].replace(slot.clone());
         let proto = self.proto.clone();
-        let request = NodeCall { node: i, op, command: command.clone(), after, slot };
+        let request = NodeCall { node: i, op, command: command.clone(), previous, after, slot };
         request.send(&self.core, move |reply| proto.answer(op, reply))
     }
 
@@ -192,7 +188,7 @@ impl<P: Protocol> Claim<P> {
     /// where the node answered about someone else's lock (ours is not there).
     async fn clean_up(mut self, round: &Round) {
         let command = Arc::new(self.proto.command(Op::CleanUp, self.ttl));
-        let mut requests = Vec::new();
+        let mut requests = Vec::with_capacity(round.outcomes.len());
         let mut outcomes = Vec::with_capacity(round.outcomes.len());
         for (i, outcome) in round.outcomes.iter().enumerate() {
             match outcome {
@@ -214,6 +210,7 @@ impl<P: Protocol> Claim<P> {
             let done = granted.iter().all(|&i| outcomes[i] != NodeOutcome::Pending);
             done.then_some(Settled::Reached)
         };
+        let requests = round::Rest::new(requests);
         let (round, rest) = round::run_until(requests, outcomes, Instant::now(), answered).await;
         self.finish_undos(rest, &round, tracked, (Op::CleanUp, &command), "clean-up");
         self.armed = false;
@@ -237,8 +234,8 @@ impl<P: Protocol> Claim<P> {
         self.expires_by = self.expires_by.max(started_at + ttl.duration());
         let command = Arc::new(self.proto.command(Op::Extend, ttl));
         let n = self.core.nodes.len();
-        let requests: Vec<_> =
-            (0..n).map(|i| self.request(i, Op::Extend, &command, Vec::new())).collect();
+        let requests =
+            round::Rest::new((0..n).map(|i| self.request(i, Op::Extend, &command, Vec::new())));
         let (round, rest) = round::run(requests, started_at, quorum::settle_hold).await;
         // Unanswered extensions heal nodes that answer late, always ahead of a later
         // release (which waits for them).
@@ -305,13 +302,11 @@ impl<P: Protocol> Claim<P> {
     pub(crate) async fn is_held(&self) -> Result<bool> {
         let command = Arc::new(self.proto.command(Op::Check, self.ttl));
         let n = self.core.nodes.len();
-        let requests: Vec<_> = (0..n)
-            .map(|i| {
-                let proto = self.proto.clone();
-                let request = NodeCall::check(i, command.clone());
-                request.send(&self.core, move |reply| proto.answer(Op::Check, reply))
-            })
-            .collect();
+        let requests = round::Rest::new((0..n).map(|i| {
+            let proto = self.proto.clone();
+            let request = NodeCall::check(i, command.clone());
+            request.send(&self.core, move |reply| proto.answer(Op::Check, reply))
+        }));
         let (round, rest) = round::run(requests, Instant::now(), quorum::settle_hold).await;
         round::finish(&self.core.tasks, rest);
         match round.settled {
@@ -330,10 +325,10 @@ impl<P: Protocol> Claim<P> {
     ) -> (
         Round,
         round::Rest<impl Future<Output = (usize, NodeOutcome)> + Send + 'static + use<P>>,
-        Vec<(usize, Tracked)>,
+        Tracked,
     ) {
         let n = self.core.nodes.len();
-        let requests: Vec<_> = (0..n).map(|i| self.request(i, op, command, Vec::new())).collect();
+        let requests = round::Rest::new((0..n).map(|i| self.request(i, op, command, Vec::new())));
         let tracked = self.track();
         let (round, rest) = round::run(requests, Instant::now(), quorum::settle_hold).await;
         (round, rest, tracked)
@@ -342,22 +337,17 @@ impl<P: Protocol> Claim<P> {
     /// Registers this claim's latest request on every node (its undos, when called right
     /// after they were made), so that this client's next acquisition of the keys there
     /// waits for them.
-    fn track(&self) -> Vec<(usize, Tracked)> {
-        (self.tails.iter().enumerate())
-            .filter_map(|(i, slot)| {
-                Some((i, self.core.undos.track(i, self.proto.keys(), slot.as_ref()?)))
-            })
-            .collect()
+    fn track(&self) -> Tracked {
+        self.core.undos.track(self.proto.keys(), self.tails.clone())
     }
 
     /// Leaves the undos of `round` still in flight to the background; see
-    /// [`background`]. `tracked` are the undos' registrations: those of the nodes still
-    /// pending stay until their undo is over.
+    /// [`background`]. `tracked` is the undos' registration: it stays until they are over.
     fn finish_undos<F>(
         &self,
         rest: round::Rest<F>,
         round: &Round,
-        tracked: Vec<(usize, Tracked)>,
+        tracked: Tracked,
         (op, command): (Op, &Arc<Command>),
         what: &'static str,
     ) where
@@ -366,10 +356,6 @@ impl<P: Protocol> Claim<P> {
         let pending: Vec<usize> = (round.outcomes.iter().enumerate())
             .filter(|(_, outcome)| **outcome == NodeOutcome::Pending)
             .map(|(i, _)| i)
-            .collect();
-        let tracked = (tracked.into_iter())
-            .filter(|(i, _)| pending.contains(i))
-            .map(|(_, tracked)| tracked)
             .collect();
         let undos = background::Undos {
             core: self.core.clone(),
@@ -380,7 +366,7 @@ impl<P: Protocol> Claim<P> {
             resource: self.resource.clone(),
             generations: self.generations.clone(),
         };
-        background::finish(undos, rest, pending, tracked, Place::Caller);
+        background::finish(undos, rest, pending, Some(tracked), Place::Caller);
     }
 
     /// Makes `command` again for a node, registered with the client's undos while in
@@ -389,10 +375,16 @@ impl<P: Protocol> Claim<P> {
         let (core, proto, command) = (self.core.clone(), self.proto.clone(), command.clone());
         Arc::new(move |i| {
             let slot = Slot::new();
-            let tracked = core.undos.track(i, proto.keys(), &slot);
+            let tracked = core.undos.track_one(i, proto.keys(), &slot);
             let proto = proto.clone();
-            let request =
-                NodeCall { node: i, op, command: command.clone(), after: Vec::new(), slot };
+            let request = NodeCall {
+                node: i,
+                op,
+                command: command.clone(),
+                previous: None,
+                after: Vec::new(),
+                slot,
+            };
             let call = request.send(&core, move |reply| proto.answer(op, reply));
             async move {
                 let answer = call.await;
@@ -408,8 +400,8 @@ impl<P: Protocol> Claim<P> {
     fn release_detached(&mut self) {
         let command = Arc::new(self.proto.command(Op::Release, self.ttl));
         let n = self.core.nodes.len();
-        let requests: round::Rest<_> =
-            (0..n).map(|i| self.request(i, Op::Release, &command, Vec::new())).collect();
+        let requests =
+            round::Rest::new((0..n).map(|i| self.request(i, Op::Release, &command, Vec::new())));
         let tracked = self.track();
         let unsent = Round::none(n, Instant::now());
         self.finish_undos(requests, &unsent, tracked, (Op::Release, &command), "release");

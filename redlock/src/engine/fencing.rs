@@ -108,13 +108,11 @@ where
     R: Fn(&crate::node::Reply) -> Answer + Clone + Send + 'static,
 {
     let command = Arc::new(command);
-    let requests: Vec<_> = (0..core.nodes.len())
-        .map(|i| {
-            // Quarantined nodes may have lost their counters: their answers do not count.
-            let request = NodeCall::check(i, command.clone());
-            request.send(core, read.clone())
-        })
-        .collect();
+    let requests = round::Rest::new((0..core.nodes.len()).map(|i| {
+        // Quarantined nodes may have lost their counters: their answers do not count.
+        let request = NodeCall::check(i, command.clone());
+        request.send(core, read.clone())
+    }));
     let (round, rest) = round::run(requests, Instant::now(), settle).await;
     round::finish(&core.tasks, rest);
     round

@@ -173,24 +173,24 @@ impl Drop for GiveUp<'_> {
         let Some(command) = self.withdrawal.take() else { return };
         let command = Arc::new(command);
         let core = self.core;
-        let mut tracked = Vec::new();
-        let requests: futures::stream::FuturesUnordered<_> = (0..core.nodes.len())
-            .map(|i| {
-                // After this client's undos there: a failed attempt's clean-up waits for its
-                // acquisition, which may record the very intent this withdraws.
-                let after = core.undos.pending(i, &self.keys);
-                let slot = slot::Slot::new();
-                tracked.push(core.undos.track(i, &self.keys, &slot));
-                let request = call::NodeCall {
-                    node: i,
-                    op: Op::Release,
-                    command: command.clone(),
-                    after,
-                    slot,
-                };
-                request.send(core, protocol::script_answer)
-            })
-            .collect();
+        // After this client's undos there: a failed attempt's clean-up waits for its
+        // acquisition, which may record the very intent this withdraws.
+        let mut pending = core.undos.pending(&self.keys);
+        let slots: Box<[_]> = core.nodes.iter().map(|_| Some(slot::Slot::new())).collect();
+        let tracked = core.undos.track(&self.keys, slots.clone());
+        let requests = round::Rest::new(slots.into_iter().enumerate().map(|(i, slot)| {
+            let after = pending.take(i);
+            let slot = slot.unwrap_or_default();
+            let request = call::NodeCall {
+                node: i,
+                op: Op::Release,
+                command: command.clone(),
+                previous: None,
+                after,
+                slot,
+            };
+            request.send(core, protocol::script_answer)
+        }));
         // Rare (a writer giving up): on the client's own thread from the start. An intent
         // lives for a lease at most.
         let remake: background::Remake = {
@@ -200,6 +200,7 @@ impl Drop for GiveUp<'_> {
                     node: i,
                     op: Op::Release,
                     command: command.clone(),
+                    previous: None,
                     after: Vec::new(),
                     slot: slot::Slot::new(),
                 };
@@ -215,6 +216,6 @@ impl Drop for GiveUp<'_> {
             generations: self.generations.clone(),
         };
         let pending = (0..core.nodes.len()).collect();
-        background::finish(undos, requests, pending, tracked, background::Place::Own);
+        background::finish(undos, requests, pending, Some(tracked), background::Place::Own);
     }
 }

@@ -6,8 +6,14 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::stream::FuturesUnordered;
-use futures::{FutureExt, StreamExt};
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::{Mutex, PoisonError};
+use std::task::{Context, Poll, ready};
+
+use futures::FutureExt;
+use futures::future::{JoinAll, join_all};
+use pin_project_lite::pin_project;
 
 use crate::error::{NodeOutcome, NodeReport, RoundReport};
 use crate::node::Node;
@@ -60,27 +66,120 @@ impl Round {
     }
 }
 
-/// The requests of a round still in flight at its decision.
-pub(crate) type Rest<F> = FuturesUnordered<F>;
+/// Requests in flight, polled in place by one future: one allocation for all of them and
+/// no task of their own (a round's requests are few, and each is cheap to poll). Answers
+/// are taken in the order they come.
+pub(crate) struct Rest<F: Future<Output = (usize, NodeOutcome)>> {
+    /// `None` once every request is over.
+    all: Option<JoinAll<Answering<F>>>,
+    answers: Arc<Answers>,
+    /// Answers not taken yet.
+    left: usize,
+}
+
+type Answers = Mutex<VecDeque<(usize, NodeOutcome)>>;
+
+pin_project! {
+    /// A request that leaves its answer with its round.
+    struct Answering<F> {
+        #[pin]
+        request: F,
+        answers: Arc<Answers>,
+    }
+}
+
+impl<F: Future<Output = (usize, NodeOutcome)>> Future for Answering<F> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.project();
+        let answer = ready!(this.request.poll(cx));
+        this.answers.lock().unwrap_or_else(PoisonError::into_inner).push_back(answer);
+        Poll::Ready(())
+    }
+}
+
+impl<F: Future<Output = (usize, NodeOutcome)>> Rest<F> {
+    /// Starts nothing yet: the requests go out when first polled.
+    pub(crate) fn new(requests: impl IntoIterator<Item = F>) -> Self {
+        let requests = requests.into_iter();
+        let answers = Arc::new(Mutex::new(VecDeque::with_capacity(requests.size_hint().0)));
+        let mut left = 0;
+        let all = join_all(requests.map(|request| {
+            left += 1;
+            Answering { request, answers: answers.clone() }
+        }));
+        Self { all: Some(all), answers, left }
+    }
+
+    /// Whether every answer was taken.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.left == 0
+    }
+
+    /// The next answer; `None` once all were taken.
+    pub(crate) fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<(usize, NodeOutcome)>> {
+        if self.left == 0 {
+            return Poll::Ready(None);
+        }
+        if let Some(answer) = self.take() {
+            return Poll::Ready(Some(answer));
+        }
+        if let Some(all) = &mut self.all
+            && all.poll_unpin(cx).is_ready()
+        {
+            self.all = None;
+        }
+        match self.take() {
+            Some(answer) => Poll::Ready(Some(answer)),
+            // Not reached: every request leaves its answer before it is over.
+            None if self.all.is_none() => {
+                self.left = 0;
+                Poll::Ready(None)
+            }
+            None => Poll::Pending,
+        }
+    }
+
+    /// The next answer; `None` once all were taken.
+    pub(crate) async fn next(&mut self) -> Option<(usize, NodeOutcome)> {
+        std::future::poll_fn(|cx| self.poll_next(cx)).await
+    }
+
+    /// An answer that is already in, without waiting.
+    fn take_ready(&mut self) -> Option<(usize, NodeOutcome)> {
+        let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+        match self.poll_next(&mut cx) {
+            Poll::Ready(answer) => answer,
+            Poll::Pending => None,
+        }
+    }
+
+    fn take(&mut self) -> Option<(usize, NodeOutcome)> {
+        let answer = self.answers.lock().unwrap_or_else(PoisonError::into_inner).pop_front()?;
+        self.left -= 1;
+        Some(answer)
+    }
+}
 
 /// Runs `requests` (each answering for its node index) concurrently until `settle` decides
 /// the round; every node has a request. Returns the round and the requests still in flight.
 pub(crate) async fn run<F>(
-    requests: Vec<F>,
+    requests: Rest<F>,
     started_at: Instant,
     settle: fn(&Tally) -> Option<Settled>,
 ) -> (Round, Rest<F>)
 where
     F: Future<Output = (usize, NodeOutcome)>,
 {
-    let outcomes = vec![NodeOutcome::Pending; requests.len()];
+    let outcomes = vec![NodeOutcome::Pending; requests.left];
     run_until(requests, outcomes, started_at, |tally, _| settle(tally)).await
 }
 
 /// Runs `requests` until `decide` settles the round; `outcomes` holds every node's outcome
 /// before the round (`Pending` for each node a request goes to).
 pub(crate) async fn run_until<F>(
-    requests: Vec<F>,
+    mut in_flight: Rest<F>,
     mut outcomes: Vec<NodeOutcome>,
     started_at: Instant,
     decide: impl Fn(&Tally, &[NodeOutcome]) -> Option<Settled>,
@@ -88,7 +187,6 @@ pub(crate) async fn run_until<F>(
 where
     F: Future<Output = (usize, NodeOutcome)>,
 {
-    let mut in_flight: FuturesUnordered<F> = requests.into_iter().collect();
     let mut tally = Tally::of(&outcomes);
     let settled = loop {
         if let Some(settled) = decide(&tally, &outcomes) {
@@ -104,7 +202,7 @@ where
     let decided_at = Instant::now();
     // Answers already in are collected without waiting: replies often arrive together, and
     // a rest that is over needs no task of its own.
-    while let Some(Some((i, outcome))) = in_flight.next().now_or_never() {
+    while let Some((i, outcome)) = in_flight.take_ready() {
         outcomes[i] = outcome;
     }
     let round = Round { outcomes, settled, started_at, decided_at };

@@ -56,9 +56,9 @@ impl Drop for SettleOnDrop {
     }
 }
 
-/// Waits for every slot in `slots`.
-pub(crate) async fn all_settled(slots: &[Arc<Slot>]) {
-    for slot in slots {
+/// Waits for `first` and every slot in `slots`.
+pub(crate) async fn all_settled(first: Option<&Arc<Slot>>, slots: &[Arc<Slot>]) {
+    for slot in first.into_iter().chain(slots) {
         slot.settled().await;
     }
 }

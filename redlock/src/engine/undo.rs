@@ -12,13 +12,22 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::slot::Slot;
 
-type Entries = HashMap<Arc<str>, Vec<Arc<Slot>>>;
+/// Per key, the registrations of the undos that remove it.
+type Entries = HashMap<Arc<str>, Vec<Arc<Registration>>>;
 
-/// The undos in flight, per node.
+/// One round of undos for some keys: per node, the undo sent there (if any). Settled
+/// slots are skipped by readers, so a registration may outlive some of its undos.
+#[derive(Debug)]
+struct Registration {
+    keys: Box<[Arc<str>]>,
+    slots: Box<[Option<Arc<Slot>>]>,
+}
+
+/// The undos in flight.
 #[derive(Debug)]
 pub(crate) struct Undos {
-    nodes: Box<[Mutex<Entries>]>,
-    /// How many are registered in all: lets the common case skip every lock.
+    entries: Mutex<Entries>,
+    /// How many registrations there are: lets the common case skip the lock.
     registered: AtomicUsize,
     /// Per node, how many undos left to the background failed there.
     failures: Box<[AtomicUsize]>,
@@ -27,39 +36,58 @@ pub(crate) struct Undos {
 impl Undos {
     pub(crate) fn new(nodes: usize) -> Arc<Self> {
         Arc::new(Self {
-            nodes: (0..nodes).map(|_| Mutex::default()).collect(),
+            entries: Mutex::default(),
             registered: AtomicUsize::new(0),
             failures: (0..nodes).map(|_| AtomicUsize::new(0)).collect(),
         })
     }
 
-    /// Registers an undo in flight on `node` for `keys`, until the returned guard drops.
+    /// Registers a round of undos for `keys` (per node, the undo sent there), until the
+    /// returned guard drops.
     pub(crate) fn track(
+        self: &Arc<Self>,
+        keys: &[Arc<str>],
+        slots: Box<[Option<Arc<Slot>>]>,
+    ) -> Tracked {
+        let registration = Arc::new(Registration { keys: keys.into(), slots });
+        let mut entries = self.lock();
+        for key in keys {
+            entries.entry(key.clone()).or_default().push(registration.clone());
+        }
+        self.registered.fetch_add(1, Ordering::AcqRel);
+        Tracked { undos: self.clone(), registration }
+    }
+
+    /// Registers one undo on `node` for `keys`, until the returned guard drops.
+    pub(crate) fn track_one(
         self: &Arc<Self>,
         node: usize,
         keys: &[Arc<str>],
         slot: &Arc<Slot>,
     ) -> Tracked {
-        let mut entries = self.lock(node);
-        for key in keys {
-            entries.entry(key.clone()).or_default().push(slot.clone());
-            self.registered.fetch_add(1, Ordering::AcqRel);
-        }
-        Tracked { undos: self.clone(), node, keys: keys.to_vec(), slot: slot.clone() }
+        let slots = (0..self.failures.len()).map(|i| (i == node).then(|| slot.clone())).collect();
+        self.track(keys, slots)
     }
 
-    /// The undos still in flight on `node` for any of `keys`.
-    pub(crate) fn pending(&self, node: usize, keys: &[Arc<str>]) -> Vec<Arc<Slot>> {
+    /// Per node, the undos still in flight there for any of `keys`.
+    pub(crate) fn pending(&self, keys: &[Arc<str>]) -> Pending {
+        let mut pending = Pending(Vec::new());
         if self.registered.load(Ordering::Acquire) == 0 {
-            return Vec::new();
+            return pending;
         }
-        let entries = self.lock(node);
-        keys.iter()
-            .filter_map(|key| entries.get(key))
-            .flatten()
-            .filter(|slot| !slot.is_settled())
-            .cloned()
-            .collect()
+        let entries = self.lock();
+        let registrations = keys.iter().filter_map(|key| entries.get(key)).flatten();
+        for registration in registrations {
+            for (i, slot) in registration.slots.iter().enumerate() {
+                if let Some(slot) = slot.as_ref().filter(|slot| !slot.is_settled()) {
+                    if pending.0.is_empty() {
+                        pending.0 = vec![Vec::new(); self.failures.len()];
+                    }
+                    pending.0[i].push(slot.clone());
+                }
+            }
+        }
+        pending
     }
 
     /// Counts an undo left to the background that failed on `node`.
@@ -76,40 +104,53 @@ impl Undos {
 
     /// Per node, whether an undo is still in flight there.
     pub(crate) fn in_flight(&self) -> Vec<bool> {
-        (0..self.nodes.len())
-            .map(|i| self.lock(i).values().flatten().any(|slot| !slot.is_settled()))
-            .collect()
+        let mut in_flight = vec![false; self.failures.len()];
+        for registration in self.lock().values().flatten() {
+            for (i, slot) in registration.slots.iter().enumerate() {
+                in_flight[i] |= slot.as_ref().is_some_and(|slot| !slot.is_settled());
+            }
+        }
+        in_flight
     }
 
-    fn lock(&self, node: usize) -> MutexGuard<'_, Entries> {
-        // Nodes are indexed by the same configuration that sized this registry.
-        self.nodes[node].lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> MutexGuard<'_, Entries> {
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
-/// An undo's registration, removed when dropped (with the undo's driving task).
+/// Per node, undos in flight that a new request must wait for.
+#[derive(Debug)]
+pub(crate) struct Pending(Vec<Vec<Arc<Slot>>>);
+
+impl Pending {
+    /// Those on `node`.
+    pub(crate) fn take(&mut self, node: usize) -> Vec<Arc<Slot>> {
+        self.0.get_mut(node).map(std::mem::take).unwrap_or_default()
+    }
+}
+
+/// A registration, removed when dropped (with the undos' driving task).
 #[derive(Debug)]
 pub(crate) struct Tracked {
     undos: Arc<Undos>,
-    node: usize,
-    keys: Vec<Arc<str>>,
-    slot: Arc<Slot>,
+    registration: Arc<Registration>,
 }
 
 impl Drop for Tracked {
     fn drop(&mut self) {
-        let mut entries = self.undos.lock(self.node);
-        for key in &self.keys {
-            if let Some(slots) = entries.get_mut(key) {
-                if let Some(at) = slots.iter().position(|slot| Arc::ptr_eq(slot, &self.slot)) {
-                    slots.swap_remove(at);
-                    self.undos.registered.fetch_sub(1, Ordering::AcqRel);
+        let mut entries = self.undos.lock();
+        for key in &self.registration.keys {
+            if let Some(registrations) = entries.get_mut(key) {
+                let this = registrations.iter().position(|r| Arc::ptr_eq(r, &self.registration));
+                if let Some(at) = this {
+                    registrations.swap_remove(at);
                 }
-                if slots.is_empty() {
+                if registrations.is_empty() {
                     entries.remove(key);
                 }
             }
         }
+        self.undos.registered.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -123,14 +164,16 @@ mod tests {
         let undos = Undos::new(2);
         let keys: Vec<Arc<str>> = vec!["a".into(), "b".into()];
         let slot = Slot::new();
-        let tracked = undos.track(0, &keys, &slot);
-        assert_eq!(undos.pending(0, &["b".into()]).len(), 1);
-        assert!(undos.pending(1, &["b".into()]).is_empty());
-        assert!(undos.pending(0, &["c".into()]).is_empty());
+        let tracked = undos.track_one(0, &keys, &slot);
+        assert_eq!(undos.pending(&["b".into()]).take(0).len(), 1);
+        assert!(undos.pending(&["b".into()]).take(1).is_empty());
+        assert!(undos.pending(&["c".into()]).take(0).is_empty());
+        assert_eq!(undos.in_flight(), [true, false]);
         drop(SettleOnDrop(slot));
-        assert!(undos.pending(0, &keys).is_empty(), "settled undos are not waited for");
+        assert!(undos.pending(&keys).take(0).is_empty(), "settled undos are not waited for");
+        assert_eq!(undos.in_flight(), [false, false]);
         drop(tracked);
         assert_eq!(undos.registered.load(Ordering::Acquire), 0);
-        assert!(undos.lock(0).is_empty());
+        assert!(undos.lock().is_empty());
     }
 }

@@ -133,6 +133,9 @@ async fn extend_with_a_killed_majority_is_unavailable() {
     let mut cluster = common::cluster(3);
     let rl = common::client(&cluster);
     let mut lock = rl.try_lock("k").await.unwrap();
+    // The grant is decided at two nodes; the third's SET may still be on its way (on a
+    // loaded machine, behind the first connect): it must be set before the check below.
+    assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("k") == 3).await);
     cluster.node_mut(0).kill().unwrap();
     cluster.node_mut(1).kill().unwrap();
     let err = lock.extend(Duration::from_secs(10)).await.unwrap_err();

@@ -56,8 +56,10 @@ impl NodeCall {
         let Self { node: i, op, command, previous, after, slot } = self;
         let node = core.nodes[i].clone();
         let timeout = core.config.node_timeout;
+        // Made before the future: a request dropped before its first poll settles too.
+        let settle = SettleOnDrop(slot);
         async move {
-            let _settle = SettleOnDrop(slot);
+            let _settle = settle;
             let started = std::time::Instant::now();
             let reply = if op == Op::Acquire {
                 let exchange = async {

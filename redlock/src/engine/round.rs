@@ -218,3 +218,65 @@ where
         tasks.spawn(async move { while rest.next().await.is_some() {} });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// `n` requests answering `Ok` after pseudo-random delays of 0-3 ms; each counts itself
+    /// in `answered` when it is over.
+    fn requests(
+        n: usize,
+        seed: u64,
+        answered: &Arc<AtomicUsize>,
+    ) -> Rest<impl Future<Output = (usize, NodeOutcome)> + Send + 'static + use<>> {
+        Rest::new((0..n).map(move |i| {
+            let answered = answered.clone();
+            let delay = (seed.wrapping_mul(31).wrapping_add(i as u64 * 7919)) % 4;
+            async move {
+                if delay > 0 {
+                    tokio::time::sleep(Duration::from_millis(delay)).await;
+                }
+                answered.fetch_add(1, Ordering::AcqRel);
+                (i, NodeOutcome::Ok)
+            }
+        }))
+    }
+
+    async fn every_answer_arrives(n: usize) {
+        let answered = Arc::new(AtomicUsize::new(0));
+        let tasks = Tasks::default();
+        let rounds = 100;
+        for seed in 0..rounds {
+            let (round, rest) =
+                run(requests(n, seed, &answered), Instant::now(), quorum::settle_acquire).await;
+            assert_eq!(round.settled, Settled::Reached);
+            let answers = round.outcomes.iter().filter(|o| **o == NodeOutcome::Ok).count();
+            assert!(answers >= quorum::quorum(n), "{answers} of {n}");
+            assert_eq!(answers + rest.left, n, "each answer counted once");
+            finish(&tasks, rest);
+        }
+        assert!(tasks.idle_by(Instant::now() + Duration::from_secs(5)).await, "a rest hung");
+        assert_eq!(answered.load(Ordering::Acquire), n * rounds as usize);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_request_ends_and_is_counted_once() {
+        every_answer_arrives(5).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn more_requests_than_join_all_polls_in_place_are_handled_alike() {
+        every_answer_arrives(41).await;
+    }
+
+    #[tokio::test]
+    async fn an_empty_round_is_over_at_once() {
+        let answered = Arc::new(AtomicUsize::new(0));
+        let mut rest = requests(0, 0, &answered);
+        assert!(rest.is_empty());
+        assert_eq!(rest.next().await, None);
+    }
+}

@@ -193,22 +193,26 @@ impl Node {
     /// earlier call that turns out to be broken is replaced, and the command re-sent on
     /// the new one only if it is [`Resend::Safe`]: it may have run before the drop.
     pub(crate) async fn send(&self, command: &Command) -> Reply {
-        let mut reply = self.send_cmd(command.first(), command.resend()).await;
-        if matches!(&reply.value, Err(failure) if failure.is_noscript())
-            && let Some(eval) = command.fallback()
-        {
-            // NOSCRIPT: the script did not run, so sending it in full is no repetition.
-            let resent = reply.resent;
-            reply = self.send_cmd(&eval, command.resend()).await;
-            reply.resent |= resent;
+        let reply = self.send_cmd(command.first(), command.resend()).await;
+        if !matches!(&reply.value, Err(failure) if failure.is_noscript()) {
+            return reply;
         }
-        reply
+        let Some(eval) = command.fallback() else { return reply };
+        // NOSCRIPT: the script did not run, so sending it in full is no repetition. Boxed,
+        // like every rare path here: the request future stays smaller, and a round moves
+        // its requests around.
+        let mut again = Box::pin(self.send_cmd(&eval, command.resend())).await;
+        again.resent |= reply.resent;
+        again
     }
 
     async fn send_cmd(&self, cmd: &Cmd, resend: Resend) -> Reply {
-        let first = match self.connection().await {
-            Ok(handle) => handle,
-            Err(failure) => return Reply { value: Err(failure), resent: false },
+        let first = match self.ready() {
+            Some(handle) => handle,
+            None => match Box::pin(self.connection()).await {
+                Ok(handle) => handle,
+                Err(failure) => return Reply { value: Err(failure), resent: false },
+            },
         };
         let stale = match self.send_on(first, cmd).await {
             Sent::Reply(value) => return Reply { value, resent: false },
@@ -217,8 +221,13 @@ impl Node {
         if resend == Resend::Never {
             return Reply { value: Err(stale), resent: false };
         }
-        // A connection opened before this call may have died since (a node restart): one
-        // retry on a new connection spares the caller a spurious failure.
+        Box::pin(self.resend(cmd)).await
+    }
+
+    /// Sends `cmd` again on a new connection: a connection opened before this call may
+    /// have died since (a node restart), and one retry spares the caller a spurious
+    /// failure.
+    async fn resend(&self, cmd: &Cmd) -> Reply {
         let value = match self.connection().await {
             Ok(handle) => match self.send_on(handle, cmd).await {
                 Sent::Reply(value) => value,
@@ -239,6 +248,18 @@ impl Node {
                 if handle.fresh { Sent::Reply(Err(failure)) } else { Sent::Stale(failure) }
             }
             Err(err) => Sent::Reply(Err(Failure::from_redis(&err))),
+        }
+    }
+
+    /// The shared connection if it is open: the common case, with nothing to wait for.
+    fn ready(&self) -> Option<Handle> {
+        match &self.lock_state().1 {
+            State::Ready { generation, connection } => Some(Handle {
+                generation: *generation,
+                connection: connection.clone(),
+                fresh: false,
+            }),
+            _ => None,
         }
     }
 

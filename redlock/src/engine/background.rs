@@ -85,8 +85,8 @@ pub(crate) fn finish<F>(
     let mut unfinished =
         Unfinished { left: pending, undos: undos.clone(), hand_over: place == Place::Caller };
     let task = async move {
-        let mut retries: FuturesUnordered<BoxFuture<'static, (usize, NodeOutcome)>> =
-            FuturesUnordered::new();
+        // Made on the first retry: most rests never need one.
+        let mut retries: Option<Retries> = None;
         let mut pauses = vec![FIRST_PAUSE; undos.core.nodes.len()];
         let mut rest = rest;
         while let Some((i, outcome)) = next(&mut rest, &mut retries).await {
@@ -98,7 +98,7 @@ pub(crate) fn finish<F>(
             {
                 pauses[i] = (pause * 2).min(MAX_PAUSE);
                 let remake = undos.remake.clone();
-                retries.push(
+                retries.get_or_insert_default().push(
                     async move {
                         tokio::time::sleep(pause).await;
                         remake(i).await
@@ -134,11 +134,11 @@ fn report(undos: &Undos, i: usize, outcome: &NodeOutcome) {
     }
 }
 
+/// Undos sent again.
+type Retries = FuturesUnordered<BoxFuture<'static, (usize, NodeOutcome)>>;
+
 /// The next answer of either set of requests; `None` once both are empty.
-async fn next<F>(
-    rest: &mut Rest<F>,
-    retries: &mut FuturesUnordered<BoxFuture<'static, (usize, NodeOutcome)>>,
-) -> Option<(usize, NodeOutcome)>
+async fn next<F>(rest: &mut Rest<F>, retries: &mut Option<Retries>) -> Option<(usize, NodeOutcome)>
 where
     F: Future<Output = (usize, NodeOutcome)>,
 {
@@ -146,10 +146,13 @@ where
         if let Poll::Ready(Some(answer)) = rest.poll_next(cx) {
             return Poll::Ready(Some(answer));
         }
-        if let Poll::Ready(Some(answer)) = retries.poll_next_unpin(cx) {
+        if let Some(retries) = retries.as_mut()
+            && let Poll::Ready(Some(answer)) = retries.poll_next_unpin(cx)
+        {
             return Poll::Ready(Some(answer));
         }
-        if rest.is_empty() && retries.is_empty() { Poll::Ready(None) } else { Poll::Pending }
+        let retrying = retries.as_ref().is_some_and(|retries| !retries.is_empty());
+        if rest.is_empty() && !retrying { Poll::Ready(None) } else { Poll::Pending }
     })
     .await
 }

@@ -21,6 +21,7 @@ use crate::telemetry;
 use super::Core;
 use super::protocol::{Answer, Op};
 use super::slot::{self, SettleOnDrop, Slot};
+use super::undo::Pending;
 
 /// A call to node `node`, ready to be sent.
 pub(crate) struct NodeCall {
@@ -29,18 +30,17 @@ pub(crate) struct NodeCall {
     pub(crate) command: Arc<Command>,
     /// What must be over on the node before it goes out: the claim's previous request
     /// there, if any, and `after`.
-    pub(crate) previous: Option<Arc<Slot>>,
-    pub(crate) after: Vec<Arc<Slot>>,
+    pub(crate) previous: Option<Slot>,
+    pub(crate) after: Option<Arc<Pending>>,
     /// Settled when it is over.
-    pub(crate) slot: Arc<Slot>,
+    pub(crate) slot: Slot,
 }
 
 impl NodeCall {
     /// A read-only check of node `node`, ordered after nothing: it changes nothing, so it
     /// may overtake whatever is in flight.
-    pub(crate) fn check(node: usize, command: Arc<Command>) -> NodeCall {
-        let slot = Slot::new();
-        NodeCall { node, op: Op::Check, command, previous: None, after: Vec::new(), slot }
+    pub(crate) fn check(node: usize, command: Arc<Command>, slot: Slot) -> NodeCall {
+        NodeCall { node, op: Op::Check, command, previous: None, after: None, slot }
     }
 
     /// The request as a future answering `(node, outcome)`; `read` says what the reply
@@ -63,12 +63,12 @@ impl NodeCall {
             let started = std::time::Instant::now();
             let reply = if op == Op::Acquire {
                 let exchange = async {
-                    slot::all_settled(previous.as_ref(), &after).await;
+                    slot::all_settled(previous.as_ref(), after.as_deref(), i).await;
                     node.send(&command).await
                 };
                 tokio::time::timeout(timeout, exchange).await
             } else {
-                slot::all_settled(previous.as_ref(), &after).await;
+                slot::all_settled(previous.as_ref(), after.as_deref(), i).await;
                 tokio::time::timeout(timeout, node.send(&command)).await
             };
             let Ok(reply) = reply else {

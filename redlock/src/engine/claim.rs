@@ -21,8 +21,8 @@ use super::call::NodeCall;
 use super::fencing;
 use super::protocol::{Op, Protocol};
 use super::round::{self, Round};
-use super::slot::Slot;
-use super::undo::Tracked;
+use super::slot::{Slot, Slots};
+use super::undo::{Pending, Tracked};
 
 /// A hold of any kind on the nodes, released in the background if dropped while armed
 /// (never blocking in `Drop`).
@@ -33,7 +33,7 @@ pub(crate) struct Claim<P: Protocol> {
     resource: Arc<str>,
     /// Per node, this claim's latest request there, which every later request of the
     /// claim on that node waits for: an undo never overtakes what it undoes.
-    tails: Box<[Option<Arc<Slot>>]>,
+    tails: Box<[Option<Slot>]>,
     ttl: Ttl,
     deadline: Instant,
     /// The latest instant a key of this claim may live to on a node, as far as the
@@ -125,9 +125,10 @@ impl<P: Protocol> Claim<P> {
         };
         // This client's own undos of the keys still in flight go first on their nodes: its
         // abandoned attempt must not refuse it.
-        let mut pending = core.undos.pending(proto.keys());
+        let pending = core.undos.pending(proto.keys());
+        let slots = Slots::new(n);
         let requests = round::Rest::new(
-            (0..n).map(|i| claim.request(i, Op::Acquire, &command, pending.take(i))),
+            (0..n).map(|i| claim.request(&slots, i, Op::Acquire, &command, pending.clone())),
         );
         // Unanswered requests go on in the background: a lock held on more nodes than the
         // bare quorum survives more failures. Releases on their nodes wait for them.
@@ -168,15 +169,16 @@ impl<P: Protocol> Claim<P> {
     }
 
     /// A request of this claim on node `i`, queued behind the claim's previous one there
-    /// (and behind `after`), which becomes the node's latest.
+    /// (and behind `after`), which becomes the node's latest; its slot is node `i`'s of `slots`.
     fn request(
         &mut self,
+        slots: &Slots,
         i: usize,
         op: Op,
         command: &Arc<Command>,
-        after: Vec<Arc<Slot>>,
+        after: Option<Arc<Pending>>,
     ) -> impl Future<Output = (usize, NodeOutcome)> + Send + 'static + use<P> {
-        let slot = Slot::new();
+        let slot = slots.get(i);
         let previous = self.tails[i].replace(slot.clone());
         let proto = self.proto.clone();
         let request = NodeCall { node: i, op, command: command.clone(), previous, after, slot };
@@ -188,13 +190,14 @@ impl<P: Protocol> Claim<P> {
     /// where the node answered about someone else's lock (ours is not there).
     async fn clean_up(mut self, round: &Round) {
         let command = Arc::new(self.proto.command(Op::CleanUp, self.ttl));
+        let slots = Slots::new(round.outcomes.len());
         let mut requests = Vec::with_capacity(round.outcomes.len());
         let mut outcomes = Vec::with_capacity(round.outcomes.len());
         for (i, outcome) in round.outcomes.iter().enumerate() {
             match outcome {
                 NodeOutcome::Held | NodeOutcome::WrongType => outcomes.push(NodeOutcome::Absent),
                 _ => {
-                    requests.push(self.request(i, Op::CleanUp, &command, Vec::new()));
+                    requests.push(self.request(&slots, i, Op::CleanUp, &command, None));
                     outcomes.push(NodeOutcome::Pending);
                 }
             }
@@ -234,8 +237,9 @@ impl<P: Protocol> Claim<P> {
         self.expires_by = self.expires_by.max(started_at + ttl.duration());
         let command = Arc::new(self.proto.command(Op::Extend, ttl));
         let n = self.core.nodes.len();
+        let slots = Slots::new(n);
         let requests =
-            round::Rest::new((0..n).map(|i| self.request(i, Op::Extend, &command, Vec::new())));
+            round::Rest::new((0..n).map(|i| self.request(&slots, i, Op::Extend, &command, None)));
         let (round, rest) = round::run(requests, started_at, quorum::settle_hold).await;
         // Unanswered extensions heal nodes that answer late, always ahead of a later
         // release (which waits for them).
@@ -302,9 +306,10 @@ impl<P: Protocol> Claim<P> {
     pub(crate) async fn is_held(&self) -> Result<bool> {
         let command = Arc::new(self.proto.command(Op::Check, self.ttl));
         let n = self.core.nodes.len();
+        let slots = Slots::new(n);
         let requests = round::Rest::new((0..n).map(|i| {
             let proto = self.proto.clone();
-            let request = NodeCall::check(i, command.clone());
+            let request = NodeCall::check(i, command.clone(), slots.get(i));
             request.send(&self.core, move |reply| proto.answer(Op::Check, reply))
         }));
         let (round, rest) = round::run(requests, Instant::now(), quorum::settle_hold).await;
@@ -328,7 +333,8 @@ impl<P: Protocol> Claim<P> {
         Tracked,
     ) {
         let n = self.core.nodes.len();
-        let requests = round::Rest::new((0..n).map(|i| self.request(i, op, command, Vec::new())));
+        let slots = Slots::new(n);
+        let requests = round::Rest::new((0..n).map(|i| self.request(&slots, i, op, command, None)));
         let tracked = self.track();
         let (round, rest) = round::run(requests, Instant::now(), quorum::settle_hold).await;
         (round, rest, tracked)
@@ -382,7 +388,7 @@ impl<P: Protocol> Claim<P> {
                 op,
                 command: command.clone(),
                 previous: None,
-                after: Vec::new(),
+                after: None,
                 slot,
             };
             let call = request.send(&core, move |reply| proto.answer(op, reply));
@@ -400,8 +406,9 @@ impl<P: Protocol> Claim<P> {
     fn release_detached(&mut self) {
         let command = Arc::new(self.proto.command(Op::Release, self.ttl));
         let n = self.core.nodes.len();
+        let slots = Slots::new(n);
         let requests =
-            round::Rest::new((0..n).map(|i| self.request(i, Op::Release, &command, Vec::new())));
+            round::Rest::new((0..n).map(|i| self.request(&slots, i, Op::Release, &command, None)));
         let tracked = self.track();
         let unsent = Round::none(n, Instant::now());
         self.finish_undos(requests, &unsent, tracked, (Op::Release, &command), "release");

@@ -49,6 +49,7 @@ use super::Core;
 use super::call::NodeCall;
 use super::protocol::Answer;
 use super::round;
+use super::slot::Slots;
 
 /// The key of the fencing counter of the lock key `key`.
 pub(crate) fn counter_key(key: &str) -> String {
@@ -108,9 +109,10 @@ where
     R: Fn(&crate::node::Reply) -> Answer + Clone + Send + 'static,
 {
     let command = Arc::new(command);
+    let slots = Slots::new(core.nodes.len());
     let requests = round::Rest::new((0..core.nodes.len()).map(|i| {
         // Quarantined nodes may have lost their counters: their answers do not count.
-        let request = NodeCall::check(i, command.clone());
+        let request = NodeCall::check(i, command.clone(), slots.get(i));
         request.send(core, read.clone())
     }));
     let (round, rest) = round::run(requests, Instant::now(), settle).await;

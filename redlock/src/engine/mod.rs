@@ -175,12 +175,13 @@ impl Drop for GiveUp<'_> {
         let core = self.core;
         // After this client's undos there: a failed attempt's clean-up waits for its
         // acquisition, which may record the very intent this withdraws.
-        let mut pending = core.undos.pending(&self.keys);
-        let slots: Box<[_]> = core.nodes.iter().map(|_| Some(slot::Slot::new())).collect();
-        let tracked = core.undos.track(&self.keys, slots.clone());
-        let requests = round::Rest::new(slots.into_iter().enumerate().map(|(i, slot)| {
-            let after = pending.take(i);
-            let slot = slot.unwrap_or_default();
+        let pending = core.undos.pending(&self.keys);
+        let n = core.nodes.len();
+        let slots = slot::Slots::new(n);
+        let tracked = core.undos.track(&self.keys, (0..n).map(|i| Some(slots.get(i))).collect());
+        let requests = round::Rest::new((0..n).map(|i| {
+            let after = pending.clone();
+            let slot = slots.get(i);
             let request = call::NodeCall {
                 node: i,
                 op: Op::Release,
@@ -201,7 +202,7 @@ impl Drop for GiveUp<'_> {
                     op: Op::Release,
                     command: command.clone(),
                     previous: None,
-                    after: Vec::new(),
+                    after: None,
                     slot: slot::Slot::new(),
                 };
                 futures::FutureExt::boxed(request.send(&core, protocol::script_answer))

@@ -20,7 +20,7 @@ type Entries = HashMap<Arc<str>, Vec<Arc<Registration>>>;
 #[derive(Debug)]
 struct Registration {
     keys: Box<[Arc<str>]>,
-    slots: Box<[Option<Arc<Slot>>]>,
+    slots: Box<[Option<Slot>]>,
 }
 
 /// The undos in flight.
@@ -47,7 +47,7 @@ impl Undos {
     pub(crate) fn track(
         self: &Arc<Self>,
         keys: &[Arc<str>],
-        slots: Box<[Option<Arc<Slot>>]>,
+        slots: Box<[Option<Slot>]>,
     ) -> Tracked {
         let registration = Arc::new(Registration { keys: keys.into(), slots });
         let mut entries = self.lock();
@@ -63,31 +63,27 @@ impl Undos {
         self: &Arc<Self>,
         node: usize,
         keys: &[Arc<str>],
-        slot: &Arc<Slot>,
+        slot: &Slot,
     ) -> Tracked {
         let slots = (0..self.failures.len()).map(|i| (i == node).then(|| slot.clone())).collect();
         self.track(keys, slots)
     }
 
-    /// Per node, the undos still in flight there for any of `keys`.
-    pub(crate) fn pending(&self, keys: &[Arc<str>]) -> Pending {
-        let mut pending = Pending(Vec::new());
+    /// The undos still in flight for any of `keys`, with their nodes; `None` when there
+    /// are none (the common case, which allocates nothing).
+    pub(crate) fn pending(&self, keys: &[Arc<str>]) -> Option<Arc<Pending>> {
         if self.registered.load(Ordering::Acquire) == 0 {
-            return pending;
+            return None;
         }
         let entries = self.lock();
         let registrations = keys.iter().filter_map(|key| entries.get(key)).flatten();
-        for registration in registrations {
-            for (i, slot) in registration.slots.iter().enumerate() {
-                if let Some(slot) = slot.as_ref().filter(|slot| !slot.is_settled()) {
-                    if pending.0.is_empty() {
-                        pending.0 = vec![Vec::new(); self.failures.len()];
-                    }
-                    pending.0[i].push(slot.clone());
-                }
-            }
-        }
-        pending
+        let pending: Vec<(usize, Slot)> = (registrations.flat_map(|registration| {
+            registration.slots.iter().enumerate().filter_map(|(i, slot)| Some((i, slot.as_ref()?)))
+        }))
+        .filter(|(_, slot)| !slot.is_settled())
+        .map(|(i, slot)| (i, slot.clone()))
+        .collect();
+        (!pending.is_empty()).then(|| Arc::new(Pending(pending)))
     }
 
     /// Counts an undo left to the background that failed on `node`.
@@ -118,14 +114,15 @@ impl Undos {
     }
 }
 
-/// Per node, undos in flight that a new request must wait for.
+/// Undos in flight that new requests must wait for, each with its node; shared by a
+/// round's requests.
 #[derive(Debug)]
-pub(crate) struct Pending(Vec<Vec<Arc<Slot>>>);
+pub(crate) struct Pending(Vec<(usize, Slot)>);
 
 impl Pending {
     /// Those on `node`.
-    pub(crate) fn take(&mut self, node: usize) -> Vec<Arc<Slot>> {
-        self.0.get_mut(node).map(std::mem::take).unwrap_or_default()
+    pub(crate) fn on(&self, node: usize) -> impl Iterator<Item = &Slot> {
+        self.0.iter().filter(move |(i, _)| *i == node).map(|(_, slot)| slot)
     }
 }
 
@@ -165,12 +162,13 @@ mod tests {
         let keys: Vec<Arc<str>> = vec!["a".into(), "b".into()];
         let slot = Slot::new();
         let tracked = undos.track_one(0, &keys, &slot);
-        assert_eq!(undos.pending(&["b".into()]).take(0).len(), 1);
-        assert!(undos.pending(&["b".into()]).take(1).is_empty());
-        assert!(undos.pending(&["c".into()]).take(0).is_empty());
+        let pending = undos.pending(&["b".into()]).unwrap();
+        assert_eq!(pending.on(0).count(), 1);
+        assert_eq!(pending.on(1).count(), 0);
+        assert!(undos.pending(&["c".into()]).is_none());
         assert_eq!(undos.in_flight(), [true, false]);
         drop(SettleOnDrop(slot));
-        assert!(undos.pending(&keys).take(0).is_empty(), "settled undos are not waited for");
+        assert!(undos.pending(&keys).is_none(), "settled undos are not waited for");
         assert_eq!(undos.in_flight(), [false, false]);
         drop(tracked);
         assert_eq!(undos.registered.load(Ordering::Acquire), 0);

@@ -52,8 +52,9 @@ impl Protocol for Plain {
         let (key, token) = (self.key(), self.id.token.as_bytes());
         match op {
             Op::Acquire => {
-                let mut cmd = redis::cmd("SET");
-                cmd.arg(key).arg(token).arg("NX").arg("GET").arg("PX").arg(ttl.ms());
+                // Sized up front: no buffer grows while the arguments go in.
+                let mut cmd = redis::Cmd::with_capacity(7, key.len() + token.len() + 32);
+                cmd.arg("SET").arg(key).arg(token).arg("NX").arg("GET").arg("PX").arg(ttl.ms());
                 Command::plain(cmd, Resend::Safe)
             }
             Op::Extend => {

@@ -6,7 +6,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::FutureExt;
 use tracing::Instrument;
 
 use crate::command::Command;
@@ -380,24 +379,11 @@ impl<P: Protocol> Claim<P> {
     fn remake(&self, op: Op, command: &Arc<Command>) -> background::Remake {
         let (core, proto, command) = (self.core.clone(), self.proto.clone(), command.clone());
         Arc::new(move |i| {
-            let slot = Slot::new();
-            let tracked = core.undos.track_one(i, proto.keys(), &slot);
-            let proto = proto.clone();
-            let request = NodeCall {
-                node: i,
-                op,
-                command: command.clone(),
-                previous: None,
-                after: None,
-                slot,
+            let read = {
+                let proto = proto.clone();
+                move |reply: &_| proto.answer(op, reply)
             };
-            let call = request.send(&core, move |reply| proto.answer(op, reply));
-            async move {
-                let answer = call.await;
-                drop(tracked);
-                answer
-            }
-            .boxed()
+            NodeCall::resent_undo(&core, i, (op, command.clone()), proto.keys(), read)
         })
     }
 

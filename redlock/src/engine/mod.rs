@@ -196,16 +196,10 @@ impl Drop for GiveUp<'_> {
         // lives for a lease at most.
         let remake: background::Remake = {
             let (core, command) = (core.clone(), command.clone());
+            let keys: Arc<[Arc<str>]> = self.keys.clone().into();
             Arc::new(move |i| {
-                let request = call::NodeCall {
-                    node: i,
-                    op: Op::Release,
-                    command: command.clone(),
-                    previous: None,
-                    after: None,
-                    slot: slot::Slot::new(),
-                };
-                futures::FutureExt::boxed(request.send(&core, protocol::script_answer))
+                let undo = (Op::Release, command.clone());
+                call::NodeCall::resent_undo(&core, i, undo, &keys, protocol::script_answer)
             })
         };
         let undos = background::Undos {

@@ -9,12 +9,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use redlock::{ErrorKind, Redlock, Retry};
+use redlock::{ErrorKind, Retry};
 use redlock_testkit::{FaultyCluster, NetFault};
-
-fn latency(ms: u64) -> NetFault {
-    NetFault::Latency { fixed: Duration::from_millis(ms), jitter: Duration::ZERO }
-}
 
 /// A clean-up round that sends to some nodes only (nodes 0-2 answered Held: no clean-up
 /// there, their entries of the clean-up's `Slots` are never used), with its clean-up on
@@ -27,13 +23,7 @@ fn latency(ms: u64) -> NetFault {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partial_clean_up_is_waited_for_on_its_own_node_only() {
     let faulty = FaultyCluster::start(5).unwrap();
-    let rl = Redlock::builder()
-        .nodes(faulty.urls())
-        .ttl(Duration::from_secs(10))
-        .node_timeout(Duration::from_millis(150))
-        .retry(Retry::never())
-        .build()
-        .unwrap();
+    let rl = common::builder_for(faulty.urls(), Duration::from_millis(150)).build().unwrap();
     rl.try_lock("warm").await.unwrap().release().await.unwrap();
     let cluster = faulty.cluster();
     for round in 0..5 {
@@ -74,17 +64,11 @@ async fn a_partial_clean_up_is_waited_for_on_its_own_node_only() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_next_attempt_is_granted_on_the_node_of_the_abandoned_set() {
     let faulty = FaultyCluster::start(5).unwrap();
-    let rl = Redlock::builder()
-        .nodes(faulty.urls())
-        .ttl(Duration::from_secs(10))
-        .node_timeout(Duration::from_millis(2000))
-        .retry(Retry::never())
-        .build()
-        .unwrap();
+    let rl = common::builder_for(faulty.urls(), Duration::from_millis(2000)).build().unwrap();
     rl.try_lock("warm").await.unwrap().release().await.unwrap();
     let cluster = faulty.cluster();
     for i in [0, 1, 2] {
-        faulty.proxy(i).set_fault(latency(5));
+        faulty.proxy(i).set_fault(common::latency(5));
     }
     for round in 0..4 {
         let key = format!("j{round}");
@@ -281,10 +265,7 @@ async fn cancelled_attempts_never_make_two_holders_nor_hang() {
     let end = Instant::now() + Duration::from_secs(6);
     let tasks: Vec<_> = (0..4u64)
         .map(|c| {
-            let rl = Redlock::builder()
-                .nodes(faulty.urls())
-                .ttl(Duration::from_secs(10))
-                .node_timeout(Duration::from_millis(80))
+            let rl = common::builder_for(faulty.urls(), Duration::from_millis(80))
                 .retry(
                     Retry::new()
                         .with_unbounded_attempts()

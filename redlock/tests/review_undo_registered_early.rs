@@ -7,29 +7,18 @@ mod common;
 
 use std::time::Duration;
 
-use redlock::{Redlock, Retry};
-use redlock_testkit::{FaultyCluster, NetFault};
-
-fn latency(ms: u64) -> NetFault {
-    NetFault::Latency { fixed: Duration::from_millis(ms), jitter: Duration::ZERO }
-}
+use redlock_testkit::FaultyCluster;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abandoned_attempt_never_refuses_a_new_attempt_during_its_clean_up_round() {
     let faulty = FaultyCluster::start(5).unwrap();
-    let rl = Redlock::builder()
-        .nodes(faulty.urls())
-        .ttl(Duration::from_secs(10))
-        .node_timeout(Duration::from_secs(2))
-        .retry(Retry::never())
-        .build()
-        .unwrap();
+    let rl = common::builder_for(faulty.urls(), Duration::from_secs(2)).build().unwrap();
     rl.try_lock("warm").await.unwrap().release().await.unwrap();
     for i in [0, 1, 2] {
         faulty.cluster().node(i).set("k", "foreign").unwrap();
-        faulty.proxy(i).set_fault(latency(20));
+        faulty.proxy(i).set_fault(common::latency(20));
     }
-    faulty.proxy(4).set_fault(latency(150));
+    faulty.proxy(4).set_fault(common::latency(150));
     // The clean-up round waits for node 3 (granted): hold it there for 300 ms.
     faulty.proxy(3).hold_requests_containing(b"EVALSHA", Duration::from_millis(300));
     let a1 = tokio::spawn({

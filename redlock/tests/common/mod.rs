@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use redlock::{Redlock, RedlockBuilder, Retry};
-use redlock_testkit::Cluster;
+use redlock_testkit::{Cluster, NetFault};
 
 /// `n` fresh nodes; panics with the testkit's message (how to install redis-server).
 pub fn cluster(n: usize) -> Cluster {
@@ -32,6 +32,11 @@ pub fn client(cluster: &Cluster) -> Redlock {
 /// One attempt, 10 s lease, 100 ms node timeout, over any URLs.
 pub fn single_attempt(urls: Vec<String>) -> Redlock {
     builder_for(urls, Duration::from_millis(100)).build().unwrap()
+}
+
+/// A fixed delay each way, no jitter.
+pub fn latency(ms: u64) -> NetFault {
+    NetFault::Latency { fixed: Duration::from_millis(ms), jitter: Duration::ZERO }
 }
 
 /// Runs one raw command (`args[0]` and its arguments) on node `i`, ignoring the reply.

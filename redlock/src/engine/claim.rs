@@ -235,10 +235,7 @@ impl<P: Protocol> Claim<P> {
         let started_at = Instant::now();
         self.expires_by = self.expires_by.max(started_at + ttl.duration());
         let command = Arc::new(self.proto.command(Op::Extend, ttl));
-        let n = self.core.nodes.len();
-        let slots = Slots::new(n);
-        let requests =
-            round::Rest::new((0..n).map(|i| self.request(&slots, i, Op::Extend, &command, None)));
+        let requests = self.everywhere(Op::Extend, &command);
         let (round, rest) = round::run(requests, started_at, quorum::settle_hold).await;
         // Unanswered extensions heal nodes that answer late, always ahead of a later
         // release (which waits for them).
@@ -331,12 +328,21 @@ impl<P: Protocol> Claim<P> {
         round::Rest<impl Future<Output = (usize, NodeOutcome)> + Send + 'static + use<P>>,
         Tracked,
     ) {
-        let n = self.core.nodes.len();
-        let slots = Slots::new(n);
-        let requests = round::Rest::new((0..n).map(|i| self.request(&slots, i, op, command, None)));
+        let requests = self.everywhere(op, command);
         let tracked = self.track();
         let (round, rest) = round::run(requests, Instant::now(), quorum::settle_hold).await;
         (round, rest, tracked)
+    }
+
+    /// `op` on every node, each request queued behind this claim's latest there.
+    fn everywhere(
+        &mut self,
+        op: Op,
+        command: &Arc<Command>,
+    ) -> round::Rest<impl Future<Output = (usize, NodeOutcome)> + Send + 'static + use<P>> {
+        let n = self.core.nodes.len();
+        let slots = Slots::new(n);
+        round::Rest::new((0..n).map(|i| self.request(&slots, i, op, command, None)))
     }
 
     /// Registers this claim's latest request on every node (its undos, when called right
@@ -391,12 +397,9 @@ impl<P: Protocol> Claim<P> {
     /// neither blocks nor depends on the runtime (if any) that dropped it.
     fn release_detached(&mut self) {
         let command = Arc::new(self.proto.command(Op::Release, self.ttl));
-        let n = self.core.nodes.len();
-        let slots = Slots::new(n);
-        let requests =
-            round::Rest::new((0..n).map(|i| self.request(&slots, i, Op::Release, &command, None)));
+        let requests = self.everywhere(Op::Release, &command);
         let tracked = self.track();
-        let unsent = Round::none(n, Instant::now());
+        let unsent = Round::none(self.core.nodes.len(), Instant::now());
         self.finish_undos(requests, &unsent, tracked, (Op::Release, &command), "release");
     }
 

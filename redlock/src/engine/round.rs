@@ -2,14 +2,12 @@
 //! soon as its outcome is certain; the requests still in flight then finish in the
 //! background.
 
-use std::future::Future;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-
 use std::collections::VecDeque;
+use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, ready};
+use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use futures::future::{JoinAll, join_all};

@@ -65,7 +65,7 @@ impl Undos {
         keys: &[Arc<str>],
         slot: &Slot,
     ) -> Tracked {
-        let slots = (0..self.failures.len()).map(|i| (i == node).then(|| slot.clone())).collect();
+        let slots = (0..self.nodes()).map(|i| (i == node).then(|| slot.clone())).collect();
         self.track(keys, slots)
     }
 
@@ -100,13 +100,18 @@ impl Undos {
 
     /// Per node, whether an undo is still in flight there.
     pub(crate) fn in_flight(&self) -> Vec<bool> {
-        let mut in_flight = vec![false; self.failures.len()];
+        let mut in_flight = vec![false; self.nodes()];
         for registration in self.lock().values().flatten() {
             for (i, slot) in registration.slots.iter().enumerate() {
                 in_flight[i] |= slot.as_ref().is_some_and(|slot| !slot.is_settled());
             }
         }
         in_flight
+    }
+
+    /// How many nodes there are (one failure counter each).
+    fn nodes(&self) -> usize {
+        self.failures.len()
     }
 
     fn lock(&self) -> MutexGuard<'_, Entries> {

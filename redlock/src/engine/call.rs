@@ -23,7 +23,7 @@ use crate::telemetry;
 
 use super::Core;
 use super::protocol::{Answer, Op};
-use super::slot::{self, SettleOnDrop, Slot};
+use super::slot::{SettleOnDrop, Slot};
 use super::undo::Pending;
 
 /// A call to node `node`, ready to be sent.
@@ -85,18 +85,17 @@ impl NodeCall {
         let node = core.nodes[i].clone();
         let timeout = core.config.node_timeout;
         // Made before the future: a request dropped before its first poll settles too.
-        let settle = SettleOnDrop(slot);
+        let mut turn = SettleOnDrop::new(slot, previous);
         async move {
-            let _settle = settle;
             let started = std::time::Instant::now();
             let reply = if op == Op::Acquire {
                 let exchange = async {
-                    slot::all_settled(previous.as_ref(), after.as_deref(), i).await;
+                    turn.wait_turn(after.as_deref(), i).await;
                     node.send(&command).await
                 };
                 tokio::time::timeout(timeout, exchange).await
             } else {
-                slot::all_settled(previous.as_ref(), after.as_deref(), i).await;
+                turn.wait_turn(after.as_deref(), i).await;
                 tokio::time::timeout(timeout, node.send(&command)).await
             };
             let Ok(reply) = reply else {

@@ -1,7 +1,12 @@
 //! A request's completion, for the requests that must come after it on the same node.
+//!
+//! A request is over once it was answered, timed out, or dropped. One dropped before it
+//! went out hands on what it was still waiting for: whoever waits for it waits for that
+//! too, so that a cancelled call between two others (a release, an extension) never lets
+//! the later one overtake the earlier.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use tokio::sync::Notify;
 
@@ -13,6 +18,9 @@ use super::undo::Pending;
 struct State {
     settled: AtomicBool,
     notify: Notify,
+    /// Set (before `settled`) when the request was dropped before it went out, while what
+    /// it followed was not over yet.
+    behind: OnceLock<Slot>,
 }
 
 /// The slots of one round, one per node, in one allocation.
@@ -47,63 +55,105 @@ impl Slot {
         self.round.get(self.i)
     }
 
+    /// Whether the request is over, and so is whatever it handed on.
     pub(crate) fn is_settled(&self) -> bool {
-        // Only `Slots::get` makes slots, with an index inside the round.
-        self.state().is_none_or(|state| state.settled.load(Ordering::Acquire))
+        let mut slot = self;
+        loop {
+            // Only `Slots::get` makes slots, with an index inside the round.
+            let Some(state) = slot.state() else { return true };
+            if !state.settled.load(Ordering::Acquire) {
+                return false;
+            }
+            match state.behind.get() {
+                Some(behind) => slot = behind,
+                None => return true,
+            }
+        }
     }
 
-    /// Completes once the request is over.
+    /// Completes once the request is over, and so is whatever it handed on.
     pub(crate) async fn settled(&self) {
-        // Most are over by the time anything waits for them: no waiter to register then.
-        let Some(state) = self.state() else { return };
-        if self.is_settled() {
-            return;
-        }
+        let mut slot = self;
         loop {
+            let Some(state) = slot.state() else { return };
+            slot.own_settled(state).await;
+            match state.behind.get() {
+                Some(behind) => slot = behind,
+                None => return,
+            }
+        }
+    }
+
+    async fn own_settled(&self, state: &State) {
+        // Most are over by the time anything waits for them: no waiter to register then.
+        let settled = || state.settled.load(Ordering::Acquire);
+        while !settled() {
             let notified = state.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if self.is_settled() {
+            if settled() {
                 return;
             }
             notified.await;
         }
     }
 
-    fn settle(&self) {
+    fn settle(&self, behind: Option<Slot>) {
         if let Some(state) = self.state() {
+            if let Some(behind) = behind.filter(|behind| !behind.is_settled()) {
+                // Set once: only this slot's own request settles it.
+                let _ = state.behind.set(behind);
+            }
             state.settled.store(true, Ordering::Release);
             state.notify.notify_waiters();
         }
     }
 }
 
-/// Settles its slot when dropped: a request that completes, times out or is cancelled
-/// releases whatever waits for it, in every case.
+/// A request's slot, settled when the request is dropped: whether it completed, timed out
+/// or was cancelled, whatever waits for it is released, in every case.
 #[derive(Debug)]
-pub(crate) struct SettleOnDrop(pub(crate) Slot);
+pub(crate) struct SettleOnDrop {
+    slot: Slot,
+    /// The request it follows on its node, until it went out.
+    previous: Option<Slot>,
+}
 
-impl Drop for SettleOnDrop {
-    fn drop(&mut self) {
-        self.0.settle();
+impl SettleOnDrop {
+    /// For a request that goes out after `previous` on its node.
+    pub(crate) fn new(slot: Slot, previous: Option<Slot>) -> Self {
+        Self { slot, previous }
+    }
+
+    /// Waits for the request this one follows and for the undos of `pending` on `node`:
+    /// once this returns, the request may go out.
+    pub(crate) async fn wait_turn(&mut self, pending: Option<&Pending>, node: usize) {
+        if let Some(previous) = &self.previous {
+            previous.settled().await;
+        }
+        for slot in pending.into_iter().flat_map(|pending| pending.on(node)) {
+            slot.settled().await;
+        }
+        self.previous = None;
     }
 }
 
-/// Waits for `first` and for the undos of `pending` on `node`.
-pub(crate) async fn all_settled(first: Option<&Slot>, pending: Option<&Pending>, node: usize) {
-    for slot in first.into_iter().chain(pending.into_iter().flat_map(|pending| pending.on(node))) {
-        slot.settled().await;
+impl Drop for SettleOnDrop {
+    fn drop(&mut self) {
+        self.slot.settle(self.previous.take());
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[tokio::test]
     async fn a_dropped_request_releases_its_waiters() {
         let slot = Slot::new();
-        let guard = SettleOnDrop(slot.clone());
+        let guard = SettleOnDrop::new(slot.clone(), None);
         let waiter = tokio::spawn({
             let slot = slot.clone();
             async move { slot.settled().await }
@@ -113,5 +163,33 @@ mod tests {
         drop(guard);
         waiter.await.unwrap();
         assert!(slot.is_settled());
+    }
+
+    #[tokio::test]
+    async fn a_request_dropped_unsent_hands_on_what_it_waited_for() {
+        let (first, second, third) = (Slot::new(), Slot::new(), Slot::new());
+        let first_request = SettleOnDrop::new(first.clone(), None);
+        // The second waits for the first and is dropped before it went out; the third,
+        // which follows the second, must still wait for the first.
+        drop(SettleOnDrop::new(second.clone(), Some(first.clone())));
+        let mut third_request = SettleOnDrop::new(third, Some(second.clone()));
+        assert!(!second.is_settled());
+        let waiting =
+            tokio::time::timeout(Duration::from_millis(50), third_request.wait_turn(None, 0));
+        assert!(waiting.await.is_err(), "went out before the first request was over");
+        drop(first_request);
+        assert!(second.is_settled());
+        third_request.wait_turn(None, 0).await;
+    }
+
+    #[tokio::test]
+    async fn a_request_that_went_out_hands_on_nothing() {
+        let (first, second) = (Slot::new(), Slot::new());
+        let first_request = SettleOnDrop::new(first.clone(), None);
+        let mut second_request = SettleOnDrop::new(second.clone(), Some(first));
+        drop(first_request);
+        second_request.wait_turn(None, 0).await;
+        drop(second_request);
+        assert!(second.is_settled());
     }
 }

@@ -172,7 +172,7 @@ mod tests {
         assert_eq!(pending.on(1).count(), 0);
         assert!(undos.pending(&["c".into()]).is_none());
         assert_eq!(undos.in_flight(), [true, false]);
-        drop(SettleOnDrop(slot));
+        drop(SettleOnDrop::new(slot, None));
         assert!(undos.pending(&keys).is_none(), "settled undos are not waited for");
         assert_eq!(undos.in_flight(), [false, false]);
         drop(tracked);

@@ -1,5 +1,7 @@
 //! Lock tokens: the value stored under the key, unique per acquisition.
 
+use std::sync::Arc;
+
 use rand::RngCore;
 
 /// 20 random bytes (160 bits, as the Redlock spec suggests), from the thread-local CSPRNG.
@@ -7,25 +9,39 @@ const TOKEN_BYTES: usize = 20;
 
 /// A fresh token as 40 lowercase hex characters, so that `redis-cli GET` shows it plainly.
 pub(crate) fn generate() -> String {
-    let mut bytes = [0u8; TOKEN_BYTES];
-    rand::rng().fill_bytes(&mut bytes);
-    let mut token = String::with_capacity(TOKEN_BYTES * 2);
-    for byte in bytes {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
-        token.push(char::from(HEX[usize::from(byte >> 4)]));
-        token.push(char::from(HEX[usize::from(byte & 0x0f)]));
-    }
-    token
+    hex().as_str().to_owned()
 }
 
-/// A fresh token, followed by `.<label>` when the client has an owner label.
-pub(crate) fn generate_labelled(label: Option<&str>) -> String {
-    let mut token = generate();
-    if let Some(label) = label {
-        token.push('.');
-        token.push_str(label);
+/// A fresh token, followed by `.<label>` when the client has an owner label; made in place
+/// (one allocation) when there is no label.
+pub(crate) fn generate_labelled(label: Option<&str>) -> Arc<str> {
+    let token = hex();
+    match label {
+        None => Arc::from(token.as_str()),
+        Some(label) => Arc::from(format!("{}.{label}", token.as_str())),
     }
-    token
+}
+
+/// The hex digits of a fresh token, on the stack.
+struct Hex([u8; TOKEN_BYTES * 2]);
+
+impl Hex {
+    fn as_str(&self) -> &str {
+        // Hex digits only: always ASCII.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
+fn hex() -> Hex {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut bytes = [0u8; TOKEN_BYTES];
+    rand::rng().fill_bytes(&mut bytes);
+    let mut hex = [0u8; TOKEN_BYTES * 2];
+    for (pair, byte) in hex.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = DIGITS[usize::from(byte >> 4)];
+        pair[1] = DIGITS[usize::from(byte & 0x0f)];
+    }
+    Hex(hex)
 }
 
 /// The longest owner label.
@@ -53,5 +69,13 @@ mod tests {
         let tokens: HashSet<String> = (0..10_000).map(|_| generate()).collect();
         assert_eq!(tokens.len(), 10_000);
         assert!(tokens.iter().all(|t| t.len() == 40 && t.bytes().all(|b| b.is_ascii_hexdigit())));
+    }
+
+    #[test]
+    fn a_label_follows_the_token_after_a_dot() {
+        let token = generate_labelled(Some("cron@host"));
+        let (hex, label) = token.split_once('.').unwrap();
+        assert_eq!((hex.len(), label), (40, "cron@host"));
+        assert_eq!(generate_labelled(None).len(), 40);
     }
 }

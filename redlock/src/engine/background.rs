@@ -31,6 +31,7 @@ use crate::error::NodeOutcome;
 
 use super::Core;
 use super::round::Rest;
+use super::slot::Slots;
 use super::undo::Tracked;
 
 /// A fresh undo request for a node, registered with the client's undos while in flight.
@@ -172,7 +173,9 @@ impl Drop for Unfinished {
         }
         let left = std::mem::take(&mut self.left);
         let remake = self.undos.remake.clone();
-        let requests = Rest::new(left.iter().map(|&i| remake(i)));
+        // The re-sent undos have slots of their own: these only carry their answers.
+        let answers = Slots::new(self.undos.core.nodes.len());
+        let requests = Rest::new(&answers, left.iter().map(|&i| remake(i)));
         finish(self.undos.clone(), requests, left, None, Place::Own);
     }
 }

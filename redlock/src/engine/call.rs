@@ -53,7 +53,7 @@ impl NodeCall {
         core: &Core,
         node: usize,
         (op, command): (Op, Arc<Command>),
-        keys: &[Arc<str>],
+        keys: &Arc<[Arc<str>]>,
         read: R,
     ) -> BoxFuture<'static, (usize, NodeOutcome)>
     where

@@ -21,7 +21,7 @@ use super::fencing;
 use super::protocol::{Op, Protocol};
 use super::round::{self, Round};
 use super::slot::{Slot, Slots};
-use super::undo::{Pending, Tracked};
+use super::undo::{Pending, Sent, Tracked};
 
 /// A hold of any kind on the nodes, released in the background if dropped while armed
 /// (never blocking in `Drop`).
@@ -127,6 +127,7 @@ impl<P: Protocol> Claim<P> {
         let pending = core.undos.pending(proto.keys());
         let slots = Slots::new(n);
         let requests = round::Rest::new(
+            &slots,
             (0..n).map(|i| claim.request(&slots, i, Op::Acquire, &command, pending.clone())),
         );
         // Unanswered requests go on in the background: a lock held on more nodes than the
@@ -207,12 +208,12 @@ impl<P: Protocol> Claim<P> {
             .collect();
         // Registered before anything is awaited: a new attempt of this client on the key
         // that starts while this round runs waits for them.
-        let tracked = self.track();
+        let tracked = self.core.undos.track(self.proto.keys(), Sent::Some(self.tails.clone()));
         let answered = |_: &quorum::Tally, outcomes: &[NodeOutcome]| {
             let done = granted.iter().all(|&i| outcomes[i] != NodeOutcome::Pending);
             done.then_some(Settled::Reached)
         };
-        let requests = round::Rest::new(requests);
+        let requests = round::Rest::new(&slots, requests);
         let (round, rest) = round::run_until(requests, outcomes, Instant::now(), answered).await;
         self.finish_undos(rest, &round, tracked, (Op::CleanUp, &command), "clean-up");
         self.armed = false;
@@ -303,11 +304,14 @@ impl<P: Protocol> Claim<P> {
         let command = Arc::new(self.proto.command(Op::Check, self.ttl));
         let n = self.core.nodes.len();
         let slots = Slots::new(n);
-        let requests = round::Rest::new((0..n).map(|i| {
-            let proto = self.proto.clone();
-            let request = NodeCall::check(i, command.clone(), slots.get(i));
-            request.send(&self.core, move |reply| proto.answer(Op::Check, reply))
-        }));
+        let requests = round::Rest::new(
+            &slots,
+            (0..n).map(|i| {
+                let proto = self.proto.clone();
+                let request = NodeCall::check(i, command.clone(), slots.get(i));
+                request.send(&self.core, move |reply| proto.answer(Op::Check, reply))
+            }),
+        );
         let (round, rest) = round::run(requests, Instant::now(), quorum::settle_hold).await;
         round::finish(&self.core.tasks, rest);
         match round.settled {
@@ -329,7 +333,7 @@ impl<P: Protocol> Claim<P> {
         Tracked,
     ) {
         let requests = self.everywhere(op, command);
-        let tracked = self.track();
+        let tracked = self.track(&requests);
         let (round, rest) = round::run(requests, Instant::now(), quorum::settle_hold).await;
         (round, rest, tracked)
     }
@@ -342,14 +346,16 @@ impl<P: Protocol> Claim<P> {
     ) -> round::Rest<impl Future<Output = (usize, NodeOutcome)> + Send + 'static + use<P>> {
         let n = self.core.nodes.len();
         let slots = Slots::new(n);
-        round::Rest::new((0..n).map(|i| self.request(&slots, i, op, command, None)))
+        round::Rest::new(&slots, (0..n).map(|i| self.request(&slots, i, op, command, None)))
     }
 
-    /// Registers this claim's latest request on every node (its undos, when called right
-    /// after they were made), so that this client's next acquisition of the keys there
-    /// waits for them.
-    fn track(&self) -> Tracked {
-        self.core.undos.track(self.proto.keys(), self.tails.clone())
+    /// Registers `undos`, a round on every node, so that this client's next acquisition of
+    /// the keys there waits for them.
+    fn track<F>(&self, undos: &round::Rest<F>) -> Tracked
+    where
+        F: Future<Output = (usize, NodeOutcome)>,
+    {
+        self.core.undos.track(self.proto.keys(), Sent::Everywhere(undos.slots().clone()))
     }
 
     /// Leaves the undos of `round` still in flight to the background; see
@@ -398,7 +404,7 @@ impl<P: Protocol> Claim<P> {
     fn release_detached(&mut self) {
         let command = Arc::new(self.proto.command(Op::Release, self.ttl));
         let requests = self.everywhere(Op::Release, &command);
-        let tracked = self.track();
+        let tracked = self.track(&requests);
         let unsent = Round::none(self.core.nodes.len(), Instant::now());
         self.finish_undos(requests, &unsent, tracked, (Op::Release, &command), "release");
     }

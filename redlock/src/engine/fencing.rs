@@ -110,11 +110,14 @@ where
 {
     let command = Arc::new(command);
     let slots = Slots::new(core.nodes.len());
-    let requests = round::Rest::new((0..core.nodes.len()).map(|i| {
-        // Quarantined nodes may have lost their counters: their answers do not count.
-        let request = NodeCall::check(i, command.clone(), slots.get(i));
-        request.send(core, read.clone())
-    }));
+    let requests = round::Rest::new(
+        &slots,
+        (0..core.nodes.len()).map(|i| {
+            // Quarantined nodes may have lost their counters: their answers do not count.
+            let request = NodeCall::check(i, command.clone(), slots.get(i));
+            request.send(core, read.clone())
+        }),
+    );
     let (round, rest) = round::run(requests, Instant::now(), settle).await;
     round::finish(&core.tasks, rest);
     round

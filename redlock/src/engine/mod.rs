@@ -132,7 +132,7 @@ where
         let Some(retry) = &plan.retry else {
             return Claim::acquire(core, first, ttl, resource, fenced).await;
         };
-        let keys: Vec<Arc<str>> = first.keys().to_vec();
+        let keys = first.keys().clone();
         let in_line = first.waits_in_line();
         let generations = core.nodes.iter().map(|node| node.generation()).collect();
         let mut give_up =
@@ -161,7 +161,7 @@ where
 /// Sends a wait's withdrawal when the wait ends without the lock, however it ends.
 struct GiveUp<'a> {
     core: &'a Arc<Core>,
-    keys: Vec<Arc<str>>,
+    keys: Arc<[Arc<str>]>,
     resource: Arc<str>,
     withdrawal: Option<Command>,
     /// Per node, the connection generation when the wait began (see `background`).
@@ -178,25 +178,28 @@ impl Drop for GiveUp<'_> {
         let pending = core.undos.pending(&self.keys);
         let n = core.nodes.len();
         let slots = slot::Slots::new(n);
-        let tracked = core.undos.track(&self.keys, (0..n).map(|i| Some(slots.get(i))).collect());
-        let requests = round::Rest::new((0..n).map(|i| {
-            let after = pending.clone();
-            let slot = slots.get(i);
-            let request = call::NodeCall {
-                node: i,
-                op: Op::Release,
-                command: command.clone(),
-                previous: None,
-                after,
-                slot,
-            };
-            request.send(core, protocol::script_answer)
-        }));
+        let tracked = core.undos.track(&self.keys, undo::Sent::Everywhere(slots.clone()));
+        let requests = round::Rest::new(
+            &slots,
+            (0..n).map(|i| {
+                let after = pending.clone();
+                let slot = slots.get(i);
+                let request = call::NodeCall {
+                    node: i,
+                    op: Op::Release,
+                    command: command.clone(),
+                    previous: None,
+                    after,
+                    slot,
+                };
+                request.send(core, protocol::script_answer)
+            }),
+        );
         // Rare (a writer giving up): on the client's own thread from the start. An intent
         // lives for a lease at most.
         let remake: background::Remake = {
             let (core, command) = (core.clone(), command.clone());
-            let keys: Arc<[Arc<str>]> = self.keys.clone().into();
+            let keys = self.keys.clone();
             Arc::new(move |i| {
                 let undo = (Op::Release, command.clone());
                 call::NodeCall::resent_undo(&core, i, undo, &keys, protocol::script_answer)

@@ -60,8 +60,8 @@ impl From<NodeOutcome> for Answer {
 pub(crate) struct Identity {
     /// What errors and logs call the kind.
     pub(crate) kind: &'static str,
-    /// The keys the hold occupies on a node.
-    pub(crate) keys: Box<[Arc<str>]>,
+    /// The keys the hold occupies on a node (shared with the registrations of its undos).
+    pub(crate) keys: Arc<[Arc<str>]>,
     /// A fresh random token, unique to this hold.
     pub(crate) token: Arc<str>,
 }
@@ -69,8 +69,8 @@ pub(crate) struct Identity {
 impl Identity {
     /// A hold of kind `kind` on `keys`, with a fresh token (carrying the client's owner
     /// label, if any).
-    pub(crate) fn new(kind: &'static str, keys: Box<[Arc<str>]>, label: Option<&str>) -> Self {
-        Self { kind, keys, token: crate::token::generate_labelled(label).into() }
+    pub(crate) fn new(kind: &'static str, keys: Arc<[Arc<str>]>, label: Option<&str>) -> Self {
+        Self { kind, keys, token: crate::token::generate_labelled(label) }
     }
 }
 
@@ -89,7 +89,7 @@ pub(crate) trait Protocol: Send + Sync + 'static {
     }
 
     /// The keys the lock occupies on a node (one, except for a multi-resource lock).
-    fn keys(&self) -> &[Arc<str>] {
+    fn keys(&self) -> &Arc<[Arc<str>]> {
         &self.identity().keys
     }
 

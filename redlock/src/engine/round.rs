@@ -2,10 +2,9 @@
 //! soon as its outcome is certain; the requests still in flight then finish in the
 //! background.
 
-use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
@@ -17,6 +16,8 @@ use crate::error::{NodeOutcome, NodeReport, RoundReport};
 use crate::node::Node;
 use crate::quorum::{self, Settled, Tally};
 use crate::tasks::Tasks;
+
+use super::slot::Slots;
 
 /// The result of a round.
 #[derive(Debug)]
@@ -65,24 +66,22 @@ impl Round {
 }
 
 /// Requests in flight, polled in place by one future: one allocation for all of them and
-/// no task of their own (a round's requests are few, and each is cheap to poll). Answers
-/// are taken in the order they come.
+/// no task of their own (a round's requests are few, and each is cheap to poll). Each
+/// leaves its answer in its node's slot of the round, where the round takes it.
 pub(crate) struct Rest<F: Future<Output = (usize, NodeOutcome)>> {
     /// `None` once every request is over.
     all: Option<JoinAll<Answering<F>>>,
-    answers: Arc<Answers>,
+    slots: Slots,
     /// Answers not taken yet.
     left: usize,
 }
-
-type Answers = Mutex<VecDeque<(usize, NodeOutcome)>>;
 
 pin_project! {
     /// A request that leaves its answer with its round.
     struct Answering<F> {
         #[pin]
         request: F,
-        answers: Arc<Answers>,
+        slots: Slots,
     }
 }
 
@@ -91,23 +90,27 @@ impl<F: Future<Output = (usize, NodeOutcome)>> Future for Answering<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = self.project();
-        let answer = ready!(this.request.poll(cx));
-        this.answers.lock().unwrap_or_else(PoisonError::into_inner).push_back(answer);
+        let (i, outcome) = ready!(this.request.poll(cx));
+        this.slots.answer(i, outcome);
         Poll::Ready(())
     }
 }
 
 impl<F: Future<Output = (usize, NodeOutcome)>> Rest<F> {
-    /// Starts nothing yet: the requests go out when first polled.
-    pub(crate) fn new(requests: impl IntoIterator<Item = F>) -> Self {
-        let requests = requests.into_iter();
-        let answers = Arc::new(Mutex::new(VecDeque::with_capacity(requests.size_hint().0)));
+    /// Starts nothing yet: the requests go out when first polled. Each answers for a
+    /// different node, and leaves its answer in that node's slot of `slots`.
+    pub(crate) fn new(slots: &Slots, requests: impl IntoIterator<Item = F>) -> Self {
         let mut left = 0;
-        let all = join_all(requests.map(|request| {
+        let all = join_all(requests.into_iter().map(|request| {
             left += 1;
-            Answering { request, answers: answers.clone() }
+            Answering { request, slots: slots.clone() }
         }));
-        Self { all: Some(all), answers, left }
+        Self { all: Some(all), slots: slots.clone(), left }
+    }
+
+    /// The slots the requests answer in.
+    pub(crate) fn slots(&self) -> &Slots {
+        &self.slots
     }
 
     /// Whether every answer was taken.
@@ -154,7 +157,7 @@ impl<F: Future<Output = (usize, NodeOutcome)>> Rest<F> {
     }
 
     fn take(&mut self) -> Option<(usize, NodeOutcome)> {
-        let answer = self.answers.lock().unwrap_or_else(PoisonError::into_inner).pop_front()?;
+        let answer = self.slots.take_answer()?;
         self.left -= 1;
         Some(answer)
     }
@@ -230,17 +233,20 @@ mod tests {
         seed: u64,
         answered: &Arc<AtomicUsize>,
     ) -> Rest<impl Future<Output = (usize, NodeOutcome)> + Send + 'static + use<>> {
-        Rest::new((0..n).map(move |i| {
-            let answered = answered.clone();
-            let delay = (seed.wrapping_mul(31).wrapping_add(i as u64 * 7919)) % 4;
-            async move {
-                if delay > 0 {
-                    tokio::time::sleep(Duration::from_millis(delay)).await;
+        Rest::new(
+            &Slots::new(n),
+            (0..n).map(move |i| {
+                let answered = answered.clone();
+                let delay = (seed.wrapping_mul(31).wrapping_add(i as u64 * 7919)) % 4;
+                async move {
+                    if delay > 0 {
+                        tokio::time::sleep(Duration::from_millis(delay)).await;
+                    }
+                    answered.fetch_add(1, Ordering::AcqRel);
+                    (i, NodeOutcome::Ok)
                 }
-                answered.fetch_add(1, Ordering::AcqRel);
-                (i, NodeOutcome::Ok)
-            }
-        }))
+            }),
+        )
     }
 
     async fn every_answer_arrives(n: usize) {

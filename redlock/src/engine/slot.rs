@@ -10,6 +10,8 @@ use std::sync::{Arc, OnceLock};
 
 use tokio::sync::Notify;
 
+use crate::error::NodeOutcome;
+
 use super::undo::Pending;
 
 /// Settled once its request is over: answered, timed out, or dropped unsent. Waiting on it
@@ -21,10 +23,14 @@ struct State {
     /// Set (before `settled`) when the request was dropped before it went out, while what
     /// it followed was not over yet.
     behind: OnceLock<Slot>,
+    /// The answer of the round's request to this node, and whether the round took it.
+    answer: OnceLock<NodeOutcome>,
+    taken: AtomicBool,
 }
 
-/// The slots of one round, one per node, in one allocation.
-#[derive(Debug)]
+/// The slots of one round, one per node, in one allocation: each request's completion,
+/// and its answer until the round takes it.
+#[derive(Clone, Debug)]
 pub(crate) struct Slots(Arc<[State]>);
 
 impl Slots {
@@ -32,9 +38,33 @@ impl Slots {
         Self((0..nodes).map(|_| State::default()).collect())
     }
 
+    /// How many nodes.
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+
     /// Node `i`'s.
     pub(crate) fn get(&self, i: usize) -> Slot {
         Slot { round: self.0.clone(), i }
+    }
+
+    /// Leaves node `i`'s answer for the round (one per node: a second is ignored).
+    pub(crate) fn answer(&self, i: usize, outcome: NodeOutcome) {
+        if let Some(state) = self.0.get(i) {
+            let _ = state.answer.set(outcome);
+        }
+    }
+
+    /// An answer the round has not taken yet, with its node.
+    pub(crate) fn take_answer(&self) -> Option<(usize, NodeOutcome)> {
+        self.0.iter().enumerate().find_map(|(i, state)| {
+            if state.taken.load(Ordering::Relaxed) {
+                return None;
+            }
+            let outcome = state.answer.get()?.clone();
+            state.taken.store(true, Ordering::Relaxed);
+            Some((i, outcome))
+        })
     }
 }
 

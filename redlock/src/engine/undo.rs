@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use super::slot::Slot;
+use super::slot::{Slot, Slots};
 
 /// Per key, the registrations of the undos that remove it.
 type Entries = HashMap<Arc<str>, Vec<Arc<Registration>>>;
@@ -19,8 +19,31 @@ type Entries = HashMap<Arc<str>, Vec<Arc<Registration>>>;
 /// slots are skipped by readers, so a registration may outlive some of its undos.
 #[derive(Debug)]
 struct Registration {
-    keys: Box<[Arc<str>]>,
-    slots: Box<[Option<Slot>]>,
+    keys: Arc<[Arc<str>]>,
+    sent: Sent,
+}
+
+/// Per node, the undo of a round sent there, if any.
+#[derive(Debug)]
+pub(crate) enum Sent {
+    /// One on every node: the round's own slots.
+    Everywhere(Slots),
+    /// Per node, the undo if one was sent there.
+    Some(Box<[Option<Slot>]>),
+}
+
+impl Sent {
+    /// The undos sent, with their nodes.
+    fn undos(&self) -> impl Iterator<Item = (usize, Slot)> + '_ {
+        let nodes = match self {
+            Self::Everywhere(slots) => slots.len(),
+            Self::Some(slots) => slots.len(),
+        };
+        (0..nodes).filter_map(move |i| match self {
+            Self::Everywhere(slots) => Some((i, slots.get(i))),
+            Self::Some(slots) => Some((i, slots[i].clone()?)),
+        })
+    }
 }
 
 /// The undos in flight.
@@ -44,14 +67,10 @@ impl Undos {
 
     /// Registers a round of undos for `keys` (per node, the undo sent there), until the
     /// returned guard drops.
-    pub(crate) fn track(
-        self: &Arc<Self>,
-        keys: &[Arc<str>],
-        slots: Box<[Option<Slot>]>,
-    ) -> Tracked {
-        let registration = Arc::new(Registration { keys: keys.into(), slots });
+    pub(crate) fn track(self: &Arc<Self>, keys: &Arc<[Arc<str>]>, sent: Sent) -> Tracked {
+        let registration = Arc::new(Registration { keys: keys.clone(), sent });
         let mut entries = self.lock();
-        for key in keys {
+        for key in keys.iter() {
             entries.entry(key.clone()).or_default().push(registration.clone());
         }
         self.registered.fetch_add(1, Ordering::AcqRel);
@@ -62,11 +81,11 @@ impl Undos {
     pub(crate) fn track_one(
         self: &Arc<Self>,
         node: usize,
-        keys: &[Arc<str>],
+        keys: &Arc<[Arc<str>]>,
         slot: &Slot,
     ) -> Tracked {
         let slots = (0..self.nodes()).map(|i| (i == node).then(|| slot.clone())).collect();
-        self.track(keys, slots)
+        self.track(keys, Sent::Some(slots))
     }
 
     /// The undos still in flight for any of `keys`, with their nodes; `None` when there
@@ -77,12 +96,9 @@ impl Undos {
         }
         let entries = self.lock();
         let registrations = keys.iter().filter_map(|key| entries.get(key)).flatten();
-        let pending: Vec<(usize, Slot)> = (registrations.flat_map(|registration| {
-            registration.slots.iter().enumerate().filter_map(|(i, slot)| Some((i, slot.as_ref()?)))
-        }))
-        .filter(|(_, slot)| !slot.is_settled())
-        .map(|(i, slot)| (i, slot.clone()))
-        .collect();
+        let pending: Vec<(usize, Slot)> = (registrations.flat_map(|r| r.sent.undos()))
+            .filter(|(_, slot)| !slot.is_settled())
+            .collect();
         (!pending.is_empty()).then(|| Arc::new(Pending(pending)))
     }
 
@@ -102,8 +118,8 @@ impl Undos {
     pub(crate) fn in_flight(&self) -> Vec<bool> {
         let mut in_flight = vec![false; self.nodes()];
         for registration in self.lock().values().flatten() {
-            for (i, slot) in registration.slots.iter().enumerate() {
-                in_flight[i] |= slot.as_ref().is_some_and(|slot| !slot.is_settled());
+            for (i, slot) in registration.sent.undos() {
+                in_flight[i] |= !slot.is_settled();
             }
         }
         in_flight
@@ -141,7 +157,7 @@ pub(crate) struct Tracked {
 impl Drop for Tracked {
     fn drop(&mut self) {
         let mut entries = self.undos.lock();
-        for key in &self.registration.keys {
+        for key in self.registration.keys.iter() {
             if let Some(registrations) = entries.get_mut(key) {
                 let this = registrations.iter().position(|r| Arc::ptr_eq(r, &self.registration));
                 if let Some(at) = this {
@@ -164,7 +180,7 @@ mod tests {
     #[test]
     fn undos_are_found_by_node_and_key_until_they_are_dropped() {
         let undos = Undos::new(2);
-        let keys: Vec<Arc<str>> = vec!["a".into(), "b".into()];
+        let keys: Arc<[Arc<str>]> = Arc::from(["a".into(), "b".into()]);
         let slot = Slot::new();
         let tracked = undos.track_one(0, &keys, &slot);
         let pending = undos.pending(&["b".into()]).unwrap();

@@ -73,7 +73,7 @@ pub(crate) struct Multi {
 impl Multi {
     /// A fresh acquisition of `set`, with a fresh token.
     pub(crate) fn new(set: Set, label: Option<&str>) -> Self {
-        let id = Identity::new("multi-resource lock", set.keys.iter().cloned().collect(), label);
+        let id = Identity::new("multi-resource lock", set.keys.clone(), label);
         Self { set, id }
     }
 }

@@ -31,7 +31,7 @@ impl Plain {
     /// A fresh acquisition of `key`, with a fresh token.
     pub(crate) fn new(key: Arc<str>, label: Option<&str>) -> Self {
         let channel = engine::channel(&key);
-        Self { id: Identity::new("lock", Box::new([key]), label), channel }
+        Self { id: Identity::new("lock", Arc::from([key]), label), channel }
     }
 
     fn key(&self) -> &str {

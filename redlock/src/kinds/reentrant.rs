@@ -28,7 +28,7 @@ impl Reentrant {
     /// A fresh hold of `key` for `owner`.
     pub(crate) fn new(key: Arc<str>, owner: Arc<str>, label: Option<&str>) -> Self {
         let channel = engine::channel(&key);
-        let id = Identity::new("reentrant lock", Box::new([key]), label);
+        let id = Identity::new("reentrant lock", Arc::from([key]), label);
         let field = format!("h:{}:{owner}", id.token).into();
         Self { id, owner, field, channel }
     }

@@ -90,7 +90,7 @@ impl Share {
             Mode::Write => ("write lock", "w:"),
         };
         let channel = engine::channel(&key);
-        let id = Identity::new(kind, Box::new([key]), label);
+        let id = Identity::new(kind, Arc::from([key]), label);
         let field = format!("{prefix}{}", id.token).into();
         Self { id, mode, field, channel, intent }
     }

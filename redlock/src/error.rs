@@ -83,7 +83,8 @@ pub enum NodeOutcome {
     Absent,
     /// The key holds another data type.
     WrongType,
-    /// The node did not answer within the node timeout.
+    /// The node did not answer within the node timeout, or within the connect timeout
+    /// while a connection to it was being opened.
     TimedOut,
     /// No connection to the node could be used (refused, reset, closed).
     Unreachable(Arc<str>),

@@ -29,6 +29,9 @@ use crate::tasks::Tasks;
 pub(crate) enum Failure {
     /// No connection could be used, or it dropped before the reply.
     Unreachable(Arc<str>),
+    /// Opening a connection took longer than the connect timeout: like a request that
+    /// timed out, the node may be hung with something sent to it before still to run.
+    ConnectTimedOut,
     /// The node answered with an error reply.
     Server { code: Arc<str>, message: Arc<str> },
 }
@@ -50,7 +53,7 @@ impl Failure {
             Self::Server { code, message } => {
                 &**code == "WRONGTYPE" || message.contains("WRONGTYPE")
             }
-            Self::Unreachable(_) => false,
+            Self::Unreachable(_) | Self::ConnectTimedOut => false,
         }
     }
 
@@ -63,6 +66,7 @@ impl Failure {
         match self {
             _ if self.is_wrong_type() => NodeOutcome::WrongType,
             Self::Unreachable(why) => NodeOutcome::Unreachable(why.clone()),
+            Self::ConnectTimedOut => NodeOutcome::TimedOut,
             Self::Server { message, .. } => NodeOutcome::Failed(message.clone()),
         }
     }
@@ -313,7 +317,7 @@ impl Node {
             let open = open(&client, timeout, quarantine, &quarantined_until, seen);
             match tokio::time::timeout(timeout, open).await {
                 Ok(result) => result,
-                Err(_) => Err(Failure::Unreachable("connect timed out".into())),
+                Err(_) => Err(Failure::ConnectTimedOut),
             }
         });
         async move {
@@ -351,7 +355,13 @@ async fn open(
     quarantined_until: &Mutex<Option<Instant>>,
     seen: Seen<'_>,
 ) -> Result<MultiplexedConnection, Failure> {
-    let unreachable = |err: RedisError| Failure::Unreachable(err.to_string().into());
+    let unreachable = |err: RedisError| {
+        if err.is_timeout() {
+            Failure::ConnectTimedOut
+        } else {
+            Failure::Unreachable(err.to_string().into())
+        }
+    };
     let config = AsyncConnectionConfig::new()
         // Room for many requests queued to a hung node: a release that cannot be queued
         // behind its SET before its timeout is lost, and the SET then outlives it.

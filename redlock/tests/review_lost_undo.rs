@@ -113,3 +113,34 @@ async fn control_a_failed_attempt_on_a_hung_node_leaves_no_key() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(faulty.cluster().node(2).get("k").unwrap(), None);
 }
+
+// The same failed attempt, with a hang that outlasts the connect timeout (150 ms, under the
+// 400 ms node timeout): every connect of the undo sent again times out before its request
+// does. A connect that timed out means the node may be hung with the request in its buffer,
+// just like a request that timed out: the undo is sent again until the node wakes up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undo_whose_connects_time_out_on_a_hung_node_is_sent_again() {
+    let mut faulty = FaultyCluster::start(3).unwrap();
+    let rl = common::builder_for(faulty.urls(), Duration::from_millis(400))
+        .connect_timeout(Duration::from_millis(150))
+        .build()
+        .unwrap();
+    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    for i in [0, 1] {
+        faulty.cluster().node(i).set("k", "foreign").unwrap();
+    }
+    let wake = faulty.cluster_mut().node_mut(2).pause_for(Duration::from_millis(1200)).unwrap();
+    let attempt = tokio::spawn({
+        let rl = rl.clone();
+        async move { rl.try_lock("k").await }
+    });
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    break_connection(&faulty, 2);
+    let err = attempt.await.unwrap().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotAcquired, "{err}");
+    wake.join().unwrap();
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let left = faulty.cluster().node(2).get("k").unwrap();
+    let pttl = faulty.cluster().node(2).pttl("k").unwrap();
+    assert_eq!(left, None, "the failed attempt's key is left on node 2 (pttl {pttl} ms)");
+}

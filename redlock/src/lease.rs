@@ -25,6 +25,7 @@ const MIN_RETRY: Duration = Duration::from_millis(10);
 pub struct Lease {
     resource: Arc<str>,
     token: Arc<str>,
+    fence: Option<u64>,
     status: watch::Receiver<Status>,
 }
 
@@ -64,6 +65,13 @@ impl Lease {
     /// The token stored on the nodes.
     pub fn token(&self) -> &str {
         &self.token
+    }
+
+    /// The lock's fencing token, if it was requested `.fenced()`: the same for the whole
+    /// lease (extensions keep it), larger than that of any earlier grant of the resource.
+    /// Pass it with every write the lock protects; see [`Lock::fencing_token`](crate::Lock::fencing_token).
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.fence
     }
 
     /// What remains of the current lease: extensions push it back; zero once the lock is
@@ -176,6 +184,7 @@ impl<G: Guard> AutoLock<G> {
         let lease = Lease {
             resource: guard.resource().into(),
             token: guard.token().into(),
+            fence: guard.fencing_token(),
             status: receiver,
         };
         let (stop, stopped) = oneshot::channel();
@@ -196,6 +205,12 @@ impl<G: Guard> AutoLock<G> {
     /// A handle on the lease for the tasks doing the work.
     pub fn lease(&self) -> Lease {
         self.lease.clone()
+    }
+
+    /// The lock's fencing token, if it was requested `.fenced()`; see
+    /// [`Lease::fencing_token`].
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.lease.fencing_token()
     }
 
     /// What remains of the current lease.
@@ -399,7 +414,7 @@ mod tests {
 
     fn lease(deadline: Instant) -> (Lease, watch::Sender<Status>) {
         let (sender, status) = watch::channel(Status { deadline, end: None, ends_because: None });
-        (Lease { resource: "r".into(), token: "t".into(), status }, sender)
+        (Lease { resource: "r".into(), token: "t".into(), fence: None, status }, sender)
     }
 
     #[tokio::test(start_paused = true)]

@@ -141,3 +141,25 @@ async fn releasing_waits_for_the_extender_and_leaves_nothing() {
         assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("k") == 0).await);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_lease_carries_the_fencing_token_through_its_extensions() {
+    let cluster = common::cluster(3);
+    let rl = client(&cluster);
+    let plain = rl.with_lock("job", |lease| async move { lease.fencing_token() }).await.unwrap();
+    assert_eq!(plain, None, "not requested fenced");
+    let first = rl.with_lock(rl.lock("job").fenced(), |lease| async move {
+        let token = lease.fencing_token();
+        // Past two extensions: the token stays the grant's.
+        tokio::time::sleep(TTL).await;
+        assert!(!lease.is_lost());
+        assert_eq!(lease.fencing_token(), token);
+        token
+    });
+    let first = first.await.unwrap().expect("a fenced lease has a token");
+    let auto = rl.lock("job").fenced().await.unwrap().auto_extend();
+    let second = auto.fencing_token().expect("a fenced auto-lock has a token");
+    assert_eq!(auto.lease().fencing_token(), Some(second));
+    assert!(second > first, "{second} after {first}");
+    auto.release().await.unwrap();
+}

@@ -83,35 +83,27 @@ pub(crate) fn finish<F>(
     }
     let tasks = undos.core.tasks.clone();
     // Built outside the task: a task dropped before its first poll still hands its undos on.
-    let mut unfinished =
-        Unfinished { left: pending, undos: undos.clone(), hand_over: place == Place::Caller };
+    let mut unfinished = Unfinished {
+        left: pending,
+        undos: undos.clone(),
+        hand_over: place == Place::Caller,
+        _tracked: tracked,
+    };
     let task = async move {
         // Made on the first retry: most rests never need one.
         let mut retries: Option<Retries> = None;
-        let mut pauses = vec![FIRST_PAUSE; undos.core.nodes.len()];
         let mut rest = rest;
         while let Some((i, outcome)) = next(&mut rest, &mut retries).await {
             let reconnected = undos.core.nodes[i].generation() != undos.generations[i];
-            let pause = pauses[i];
-            if outcome == NodeOutcome::TimedOut
-                && reconnected
-                && Instant::now() + pause < undos.until
-            {
-                pauses[i] = (pause * 2).min(MAX_PAUSE);
-                let remake = undos.remake.clone();
-                retries.get_or_insert_default().push(
-                    async move {
-                        tokio::time::sleep(pause).await;
-                        remake(i).await
-                    }
-                    .boxed(),
-                );
-                continue;
+            if outcome == NodeOutcome::TimedOut && reconnected {
+                let retries = retries.get_or_insert_with(|| Retries::new(undos.core.nodes.len()));
+                if retries.again(i, &undos) {
+                    continue;
+                }
             }
             unfinished.left.retain(|&node| node != i);
             report(&undos, i, &outcome);
         }
-        drop(tracked);
         drop(unfinished);
     };
     match place {
@@ -135,8 +127,37 @@ fn report(undos: &Undos, i: usize, outcome: &NodeOutcome) {
     }
 }
 
-/// Undos sent again.
-type Retries = FuturesUnordered<BoxFuture<'static, (usize, NodeOutcome)>>;
+/// Undos sent again, each after a pause that doubles per node.
+struct Retries {
+    sent: FuturesUnordered<BoxFuture<'static, (usize, NodeOutcome)>>,
+    pauses: Vec<Duration>,
+}
+
+impl Retries {
+    fn new(nodes: usize) -> Self {
+        Self { sent: FuturesUnordered::new(), pauses: vec![FIRST_PAUSE; nodes] }
+    }
+
+    /// Sends node `i`'s undo again after its pause, unless its keys will have expired by
+    /// then; `false` if not sent.
+    fn again(&mut self, i: usize, undos: &Undos) -> bool {
+        let Some(pause) = self.pauses.get_mut(i) else { return false };
+        let wait = *pause;
+        if Instant::now() + wait >= undos.until {
+            return false;
+        }
+        *pause = (wait * 2).min(MAX_PAUSE);
+        let remake = undos.remake.clone();
+        self.sent.push(
+            async move {
+                tokio::time::sleep(wait).await;
+                remake(i).await
+            }
+            .boxed(),
+        );
+        true
+    }
+}
 
 /// The next answer of either set of requests; `None` once both are empty.
 async fn next<F>(rest: &mut Rest<F>, retries: &mut Option<Retries>) -> Option<(usize, NodeOutcome)>
@@ -148,11 +169,11 @@ where
             return Poll::Ready(Some(answer));
         }
         if let Some(retries) = retries.as_mut()
-            && let Poll::Ready(Some(answer)) = retries.poll_next_unpin(cx)
+            && let Poll::Ready(Some(answer)) = retries.sent.poll_next_unpin(cx)
         {
             return Poll::Ready(Some(answer));
         }
-        let retrying = retries.as_ref().is_some_and(|retries| !retries.is_empty());
+        let retrying = retries.as_ref().is_some_and(|retries| !retries.sent.is_empty());
         if rest.is_empty() && !retrying { Poll::Ready(None) } else { Poll::Pending }
     })
     .await
@@ -164,6 +185,9 @@ struct Unfinished {
     left: Vec<usize>,
     undos: Undos,
     hand_over: bool,
+    /// The undos' registration, held for its `Drop`: as a field it goes only after `drop`
+    /// has registered the undos sent again, so a new attempt of the client always finds one.
+    _tracked: Option<Tracked>,
 }
 
 impl Drop for Unfinished {

@@ -128,9 +128,23 @@ impl Slot {
         }
     }
 
+    /// The first request along this one's hand-on chain that is not over yet, if any.
+    fn first_unsettled(&self) -> Option<Slot> {
+        let mut slot = self;
+        loop {
+            let state = slot.state()?;
+            if !state.settled.load(Ordering::Acquire) {
+                return Some(slot.clone());
+            }
+            slot = state.behind.get()?;
+        }
+    }
+
     fn settle(&self, behind: Option<Slot>) {
         if let Some(state) = self.state() {
-            if let Some(behind) = behind.filter(|behind| !behind.is_settled()) {
+            // Handed on to the first request not over yet, never to one that is: chains of
+            // cancelled calls stay a link or two long, however many there are.
+            if let Some(behind) = behind.as_ref().and_then(Slot::first_unsettled) {
                 // Set once: only this slot's own request settles it.
                 let _ = state.behind.set(behind);
             }
@@ -221,5 +235,23 @@ mod tests {
         second_request.wait_turn(None, 0).await;
         drop(second_request);
         assert!(second.is_settled());
+    }
+
+    #[test]
+    fn cancelled_requests_behind_one_in_flight_link_to_it_directly() {
+        let head = Slot::new();
+        let head_request = SettleOnDrop::new(head.clone(), None);
+        let mut previous = head.clone();
+        // Far more than a recursive drop of a chain could take on a small stack.
+        for _ in 0..100_000 {
+            let slot = Slot::new();
+            drop(SettleOnDrop::new(slot.clone(), Some(previous)));
+            assert!(!slot.is_settled());
+            let linked = slot.state().and_then(|state| state.behind.get()).cloned();
+            assert!(linked.is_some_and(|linked| Arc::ptr_eq(&linked.round, &head.round)));
+            previous = slot;
+        }
+        drop(head_request);
+        assert!(previous.is_settled());
     }
 }

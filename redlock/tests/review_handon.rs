@@ -16,22 +16,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
-use redlock::{ErrorKind, Redlock};
+use redlock::ErrorKind;
 use redlock_testkit::{Cluster, FaultyCluster};
-
-/// Five nodes behind proxies; nodes 0-3 answer after ~10 ms (no round ends in one poll).
-fn staged(node_timeout: Duration) -> (FaultyCluster, Redlock) {
-    let faulty = FaultyCluster::start(5).unwrap();
-    let rl = common::builder_for(faulty.urls(), node_timeout).build().unwrap();
-    (faulty, rl)
-}
-
-async fn warm(faulty: &FaultyCluster, rl: &Redlock) {
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
-    for i in 0..4 {
-        faulty.proxy(i).set_fault(common::latency(5));
-    }
-}
 
 /// Holds node 4's next request naming `key` (the acquisition) for `hold`.
 fn hold_acquisition(faulty: &FaultyCluster, key: &str, hold: Duration) {
@@ -51,28 +37,19 @@ fn holders(cluster: &Cluster, keys: &[&str], token: &str) -> Vec<(String, Vec<us
 /// what it follows is still unsent: the links must compose.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chain_of_cancelled_calls_keeps_the_release_behind_the_unsent_acquisition() {
-    let (faulty, rl) = staged(Duration::from_secs(2));
+    let (faulty, rl) = common::five_slowed_nodes(Duration::from_secs(2)).await;
     let cluster = faulty.cluster();
-    warm(&faulty, &rl).await;
     for round in 0..2 {
         let key = format!("chain{round}");
-        hold_acquisition(&faulty, &key, Duration::from_millis(400));
-        let a1 = rl.try_lock(&key).await.unwrap();
-        faulty.proxy(4).release_holds();
-        a1.release().await.unwrap();
-        let mut a2 = rl.try_lock(&key).await.unwrap();
+        let hold = Duration::from_millis(400);
+        let mut a2 = common::lock_behind_an_unsent_acquisition(&faulty, &rl, &key, hold).await;
         let token = a2.token().to_string();
         for _ in 0..3 {
             let extend = a2.extend(Duration::from_secs(10));
             assert!(extend.now_or_never().is_none(), "round {round}: an extension ended at once");
         }
         assert!(a2.release().now_or_never().is_none(), "round {round}: the release ended at once");
-        tokio::time::sleep(Duration::from_millis(800)).await;
-        assert!(
-            clean(cluster, &[&key], Duration::from_secs(3)).await,
-            "round {round}: a2 ({token}) is left on nodes {:?}",
-            cluster.nodes_holding(&key, &token)
-        );
+        common::assert_gone_after_the_hold(cluster, &key, &token, round).await;
     }
 }
 
@@ -84,9 +61,8 @@ async fn a_chain_of_cancelled_calls_keeps_the_release_behind_the_unsent_acquisit
 /// acquisition must not land after a2's undos, and a3 must be granted on node 4.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_clean_up_and_a_new_attempt_stay_behind_the_unsent_acquisition() {
-    let (faulty, rl) = staged(Duration::from_secs(2));
+    let (faulty, rl) = common::five_slowed_nodes(Duration::from_secs(2)).await;
     let cluster = faulty.cluster();
-    warm(&faulty, &rl).await;
     // Node 3's grant comes in before the three refusals decide the round: its clean-up is
     // awaited.
     faulty.proxy(3).heal();
@@ -130,16 +106,12 @@ async fn a_cancelled_clean_up_and_a_new_attempt_stay_behind_the_unsent_acquisiti
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquisition_timing_out_in_line_stalls_nothing() {
     let timeout = Duration::from_millis(300);
-    let (faulty, rl) = staged(timeout);
+    let (faulty, rl) = common::five_slowed_nodes(timeout).await;
     let cluster = faulty.cluster();
-    warm(&faulty, &rl).await;
     for round in 0..2 {
         let key = format!("to{round}");
-        hold_acquisition(&faulty, &key, Duration::from_millis(1200));
-        let a1 = rl.try_lock(&key).await.unwrap();
-        faulty.proxy(4).release_holds();
-        a1.release().await.unwrap();
-        let mut a2 = rl.try_lock(&key).await.unwrap();
+        let hold = Duration::from_millis(1200);
+        let mut a2 = common::lock_behind_an_unsent_acquisition(&faulty, &rl, &key, hold).await;
         let token = a2.token().to_string();
         assert!(a2.extend(Duration::from_secs(10)).now_or_never().is_none());
         assert!(a2.release().now_or_never().is_none());
@@ -172,9 +144,8 @@ async fn an_acquisition_timing_out_in_line_stalls_nothing() {
 /// attack 1 with a cancelled extension then a cancelled release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_kind_keeps_the_release_behind_the_unsent_acquisition() {
-    let (faulty, rl) = staged(Duration::from_secs(2));
+    let (faulty, rl) = common::five_slowed_nodes(Duration::from_secs(2)).await;
     let cluster = faulty.cluster();
-    warm(&faulty, &rl).await;
     macro_rules! stage {
         ($what:literal, $keys:expr, $acquire:expr) => {{
             let keys: Vec<&str> = $keys;
@@ -210,16 +181,13 @@ fn a_chain_dropped_with_its_runtime_leaves_nothing() {
     let cluster = faulty.cluster();
     let rl = common::builder_for(faulty.urls(), Duration::from_secs(2)).build().unwrap();
     let main = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    main.block_on(warm(&faulty, &rl));
+    main.block_on(common::warm_and_slow(&faulty, &rl));
     for round in 0..2 {
         let key = format!("rt{round}");
         let short = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let token = short.block_on(async {
-            hold_acquisition(&faulty, &key, Duration::from_millis(400));
-            let a1 = rl.try_lock(&key).await.unwrap();
-            faulty.proxy(4).release_holds();
-            a1.release().await.unwrap();
-            let mut a2 = rl.try_lock(&key).await.unwrap();
+            let hold = Duration::from_millis(400);
+            let mut a2 = common::lock_behind_an_unsent_acquisition(&faulty, &rl, &key, hold).await;
             let token = a2.token().to_string();
             assert!(a2.extend(Duration::from_secs(10)).now_or_never().is_none());
             drop(a2);
@@ -227,12 +195,7 @@ fn a_chain_dropped_with_its_runtime_leaves_nothing() {
         });
         drop(short);
         main.block_on(async {
-            tokio::time::sleep(Duration::from_millis(800)).await;
-            assert!(
-                clean(cluster, &[&key], Duration::from_secs(3)).await,
-                "round {round}: a2 ({token}) is left on nodes {:?}",
-                cluster.nodes_holding(&key, &token)
-            );
+            common::assert_gone_after_the_hold(cluster, &key, &token, round).await;
         });
     }
 }
@@ -242,9 +205,8 @@ fn a_chain_dropped_with_its_runtime_leaves_nothing() {
 /// withdrawal waits for the undos. Nothing of the writer (key or intent) may stay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_writer_giving_up_behind_an_unsent_attempt_leaves_nothing() {
-    let (faulty, rl) = staged(Duration::from_secs(2));
+    let (faulty, rl) = common::five_slowed_nodes(Duration::from_secs(2)).await;
     let cluster = faulty.cluster();
-    warm(&faulty, &rl).await;
     let reader = rl.read("wkey-gives-up").once().await.unwrap();
     hold_acquisition(&faulty, "wkey-gives-up", Duration::from_millis(400));
     let waiting = rl.write("wkey-gives-up").retry(
@@ -302,7 +264,7 @@ async fn long_chain(links: usize) {
         .ttl(Duration::from_secs(60))
         .build()
         .unwrap();
-    warm(&faulty, &rl).await;
+    common::warm_and_slow(&faulty, &rl).await;
     hold_acquisition(&faulty, "long", hold);
     let acquired = Instant::now();
     let mut lock = rl.try_lock("long").await.unwrap();

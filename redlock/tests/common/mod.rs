@@ -3,8 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use redlock::{Redlock, RedlockBuilder, Retry};
-use redlock_testkit::{Cluster, NetFault};
+use redlock::{Lock, Redlock, RedlockBuilder, Retry};
+use redlock_testkit::{Cluster, FaultyCluster, NetFault};
 
 /// `n` fresh nodes; panics with the testkit's message (how to install redis-server).
 pub fn cluster(n: usize) -> Cluster {
@@ -90,5 +90,52 @@ impl std::io::Write for LogBuffer {
     }
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
+    }
+}
+
+/// A lock on `key` granted by nodes 0-3 while its acquisition on node 4 is still unsent:
+/// it waits there behind the release of an earlier lock of the same client, itself queued
+/// behind that lock's acquisition, held by node 4's proxy for `hold`. Every later request of
+/// the lock on node 4 must stay behind that unsent acquisition.
+pub async fn lock_behind_an_unsent_acquisition(
+    faulty: &FaultyCluster,
+    rl: &Redlock,
+    key: &str,
+    hold: Duration,
+) -> Lock {
+    faulty.proxy(4).hold_requests_containing(key.as_bytes(), hold);
+    let first = rl.try_lock(key).await.unwrap();
+    faulty.proxy(4).release_holds();
+    first.release().await.unwrap();
+    rl.try_lock(key).await.unwrap()
+}
+
+/// Asserts that `key` is gone from every node once the hold of
+/// [`lock_behind_an_unsent_acquisition`] (up to 500 ms) is over: whatever the order on node
+/// 4, the unsent acquisition has landed by then.
+pub async fn assert_gone_after_the_hold(cluster: &Cluster, key: &str, token: &str, round: usize) {
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let gone = eventually(Duration::from_secs(3), || cluster.count_key(key) == 0).await;
+    assert!(
+        gone,
+        "round {round}: {token} is left on nodes {:?}",
+        cluster.nodes_holding(key, token)
+    );
+}
+
+/// Five nodes behind proxies and a client with `node_timeout`, its connections open, with
+/// 5 ms each way on nodes 0-3: no round ends within one poll.
+pub async fn five_slowed_nodes(node_timeout: Duration) -> (FaultyCluster, Redlock) {
+    let faulty = FaultyCluster::start(5).unwrap();
+    let rl = builder_for(faulty.urls(), node_timeout).build().unwrap();
+    warm_and_slow(&faulty, &rl).await;
+    (faulty, rl)
+}
+
+/// Opens `rl`'s connections, then slows nodes 0-3 by 5 ms each way.
+pub async fn warm_and_slow(faulty: &FaultyCluster, rl: &Redlock) {
+    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    for i in 0..4 {
+        faulty.proxy(i).set_fault(latency(5));
     }
 }

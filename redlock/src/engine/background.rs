@@ -8,7 +8,9 @@
 //!   request costs more than the request itself under load. If that runtime ends first (a
 //!   short-lived runtime, a test's), the nodes that had not answered are handed over to the
 //!   client's own thread and their undos sent again (every undo is safe to repeat): an undo
-//!   dropped unsent would leave its key for a whole lease.
+//!   dropped unsent would leave its key for a whole lease. Each goes out behind the
+//!   original: the request it undoes may live on another runtime and not have gone out
+//!   yet.
 //! - An undo that timed out when the node's connection was replaced at any time since the
 //!   request it undoes was made (before the round's decision included) is sent again, until
 //!   the keys it removes have expired anyway. On one connection an undo is written behind
@@ -31,12 +33,14 @@ use crate::error::NodeOutcome;
 
 use super::Core;
 use super::round::Rest;
-use super::slot::Slots;
+use super::slot::{Slot, Slots};
 use super::undo::Tracked;
 
-/// A fresh undo request for a node, registered with the client's undos while in flight.
+/// A fresh undo request for a node, registered with the client's undos while in flight,
+/// queued behind the given slot if any (for a hand-over: the original undo's, which hands on
+/// to the request it was still waiting for).
 pub(crate) type Remake =
-    Arc<dyn Fn(usize) -> BoxFuture<'static, (usize, NodeOutcome)> + Send + Sync>;
+    Arc<dyn Fn(usize, Option<Slot>) -> BoxFuture<'static, (usize, NodeOutcome)> + Send + Sync>;
 
 /// The first pause before an undo is sent again; it doubles each time, up to a second.
 const FIRST_PAUSE: Duration = Duration::from_millis(50);
@@ -84,6 +88,7 @@ pub(crate) fn finish<F>(
     let tasks = undos.core.tasks.clone();
     // Built outside the task: a task dropped before its first poll still hands its undos on.
     let mut unfinished = Unfinished {
+        slots: rest.slots().clone(),
         left: pending,
         undos: undos.clone(),
         hand_over: place == Place::Caller,
@@ -151,7 +156,7 @@ impl Retries {
         self.sent.push(
             async move {
                 tokio::time::sleep(wait).await;
-                remake(i).await
+                remake(i, None).await
             }
             .boxed(),
         );
@@ -182,6 +187,8 @@ where
 /// The nodes whose undo has not answered yet: if the task is dropped before (its runtime
 /// ended), they are sent again on the client's own thread.
 struct Unfinished {
+    /// The original undos' slots: each undo sent again queues behind its node's.
+    slots: Slots,
     left: Vec<usize>,
     undos: Undos,
     hand_over: bool,
@@ -199,7 +206,8 @@ impl Drop for Unfinished {
         let remake = self.undos.remake.clone();
         // The re-sent undos have slots of their own: these only carry their answers.
         let answers = Slots::new(self.undos.core.nodes.len());
-        let requests = Rest::new(&answers, left.iter().map(|&i| remake(i)));
+        let requests =
+            Rest::new(&answers, left.iter().map(|&i| remake(i, Some(self.slots.get(i)))));
         finish(self.undos.clone(), requests, left, None, Place::Own);
     }
 }

@@ -46,14 +46,15 @@ impl NodeCall {
         NodeCall { node, op: Op::Check, command, previous: None, after: None, slot }
     }
 
-    /// An undo sent again from the background to node `node`, on its own: registered with
-    /// the client's undos for `keys` while in flight, so that this client's next attempt
-    /// there waits for it.
+    /// An undo sent again from the background to node `node`, after `previous` if any:
+    /// registered with the client's undos for `keys` while in flight, so that this client's
+    /// next attempt there waits for it.
     pub(crate) fn resent_undo<R>(
         core: &Core,
         node: usize,
         (op, command): (Op, Arc<Command>),
         keys: &Arc<[Arc<str>]>,
+        previous: Option<Slot>,
         read: R,
     ) -> BoxFuture<'static, (usize, NodeOutcome)>
     where
@@ -61,7 +62,7 @@ impl NodeCall {
     {
         let slot = Slot::new();
         let tracked = core.undos.track_one(node, keys, &slot);
-        let request = NodeCall { node, op, command, previous: None, after: None, slot };
+        let request = NodeCall { node, op, command, previous, after: None, slot };
         let call = request.send(core, read);
         async move {
             let answer = call.await;

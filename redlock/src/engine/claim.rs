@@ -390,12 +390,12 @@ impl<P: Protocol> Claim<P> {
     /// flight: for undos sent again from the background.
     fn remake(&self, op: Op, command: &Arc<Command>) -> background::Remake {
         let (core, proto, command) = (self.core.clone(), self.proto.clone(), command.clone());
-        Arc::new(move |i| {
+        Arc::new(move |i, previous| {
             let read = {
                 let proto = proto.clone();
                 move |reply: &_| proto.answer(op, reply)
             };
-            NodeCall::resent_undo(&core, i, (op, command.clone()), proto.keys(), read)
+            NodeCall::resent_undo(&core, i, (op, command.clone()), proto.keys(), previous, read)
         })
     }
 

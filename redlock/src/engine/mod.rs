@@ -200,9 +200,16 @@ impl Drop for GiveUp<'_> {
         let remake: background::Remake = {
             let (core, command) = (core.clone(), command.clone());
             let keys = self.keys.clone();
-            Arc::new(move |i| {
+            Arc::new(move |i, previous| {
                 let undo = (Op::Release, command.clone());
-                call::NodeCall::resent_undo(&core, i, undo, &keys, protocol::script_answer)
+                call::NodeCall::resent_undo(
+                    &core,
+                    i,
+                    undo,
+                    &keys,
+                    previous,
+                    protocol::script_answer,
+                )
             })
         };
         let undos = background::Undos {

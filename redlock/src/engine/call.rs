@@ -88,7 +88,7 @@ impl NodeCall {
         // Made before the future: a request dropped before its first poll settles too.
         let mut turn = SettleOnDrop::new(slot, previous);
         async move {
-            let started = std::time::Instant::now();
+            let started = telemetry::request_started();
             let reply = if op == Op::Acquire {
                 let exchange = async {
                     turn.wait_turn(after.as_deref(), i).await;
@@ -100,7 +100,7 @@ impl NodeCall {
                 tokio::time::timeout(timeout, node.send(&command)).await
             };
             let Ok(reply) = reply else {
-                telemetry::node_request(node.name(), op.as_str(), "timed_out", started.elapsed());
+                telemetry::node_request(node.name(), op.as_str(), "timed_out", started);
                 return (i, NodeOutcome::TimedOut);
             };
             let mut answer = read(&reply);
@@ -115,7 +115,7 @@ impl NodeCall {
                 answer.outcome = NodeOutcome::Quarantined;
             }
             let outcome = telemetry::node_outcome(&answer.outcome);
-            telemetry::node_request(node.name(), op.as_str(), outcome, started.elapsed());
+            telemetry::node_request(node.name(), op.as_str(), outcome, started);
             (i, answer.outcome)
         }
     }

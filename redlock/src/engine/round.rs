@@ -77,22 +77,31 @@ pub(crate) struct Rest<F: Future<Output = (usize, NodeOutcome)>> {
 }
 
 pin_project! {
-    /// A request that leaves its answer with its round.
-    struct Answering<F> {
-        #[pin]
-        request: F,
-        slots: Slots,
+    /// A request that leaves its answer with its round, then drops in place.
+    ///
+    /// It never completes: the round counts answers, not finished requests, and a
+    /// `JoinAll` whose elements complete moves each of them (a request is about 1.7 KB)
+    /// out of its box at the end.
+    #[project = AnsweringProj]
+    #[project_replace = AnsweringDone]
+    enum Answering<F> {
+        Asking { #[pin] request: F, slots: Slots },
+        Answered,
     }
 }
 
 impl<F: Future<Output = (usize, NodeOutcome)>> Future for Answering<F> {
     type Output = ();
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let this = self.project();
-        let (i, outcome) = ready!(this.request.poll(cx));
-        this.slots.answer(i, outcome);
-        Poll::Ready(())
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let AnsweringProj::Asking { request, slots } = self.as_mut().project() else {
+            return Poll::Pending;
+        };
+        let (i, outcome) = ready!(request.poll(cx));
+        slots.answer(i, outcome);
+        // The request ends here (its slot settles as it drops), not with the round.
+        self.project_replace(Answering::Answered);
+        Poll::Pending
     }
 }
 
@@ -103,7 +112,7 @@ impl<F: Future<Output = (usize, NodeOutcome)>> Rest<F> {
         let mut left = 0;
         let all = join_all(requests.into_iter().map(|request| {
             left += 1;
-            Answering { request, slots: slots.clone() }
+            Answering::Asking { request, slots: slots.clone() }
         }));
         Self { all: Some(all), slots: slots.clone(), left }
     }
@@ -121,23 +130,19 @@ impl<F: Future<Output = (usize, NodeOutcome)>> Rest<F> {
     /// The next answer; `None` once all were taken.
     pub(crate) fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<(usize, NodeOutcome)>> {
         if self.left == 0 {
+            // Every request has answered, and so is over.
+            self.all = None;
             return Poll::Ready(None);
         }
         if let Some(answer) = self.take() {
             return Poll::Ready(Some(answer));
         }
-        if let Some(all) = &mut self.all
-            && all.poll_unpin(cx).is_ready()
-        {
-            self.all = None;
+        if let Some(all) = &mut self.all {
+            // Never ready (see `Answering`): what counts is the answers it leaves.
+            let _ = all.poll_unpin(cx);
         }
         match self.take() {
             Some(answer) => Poll::Ready(Some(answer)),
-            // Not reached: every request leaves its answer before it is over.
-            None if self.all.is_none() => {
-                self.left = 0;
-                Poll::Ready(None)
-            }
             None => Poll::Pending,
         }
     }

@@ -48,11 +48,11 @@ impl Slots {
         Slot { round: self.0.clone(), i }
     }
 
-    /// Leaves node `i`'s answer for the round (one per node: a second is ignored).
+    /// Leaves node `i`'s answer for the round: one per node (a round counts its answers, so
+    /// its requests answer for distinct nodes).
     pub(crate) fn answer(&self, i: usize, outcome: NodeOutcome) {
-        if let Some(state) = self.0.get(i) {
-            let _ = state.answer.set(outcome);
-        }
+        let first = self.0.get(i).is_some_and(|state| state.answer.set(outcome).is_ok());
+        debug_assert!(first, "a second answer for node {i}, or a node outside the round");
     }
 
     /// An answer the round has not taken yet, with its node.

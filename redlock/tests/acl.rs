@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use redlock::{ErrorKind, NodeOutcome, Redlock, RedlockBuilder, Retry};
@@ -58,21 +57,6 @@ fn cluster_as(name: &str, rules: &[&str]) -> (Cluster, RedlockBuilder) {
         .node_timeout(Duration::from_millis(500))
         .retry(Retry::never());
     (cluster, builder)
-}
-
-/// Every log line of every test in this file, from trace level on.
-fn logs() -> &'static Arc<Mutex<Vec<u8>>> {
-    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
-    LOGS.get_or_init(|| {
-        let buffer = Arc::new(Mutex::new(Vec::new()));
-        let writer = buffer.clone();
-        tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::TRACE)
-            .with_ansi(false)
-            .with_writer(move || common::LogBuffer(writer.clone()))
-            .init();
-        buffer
-    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -135,7 +119,7 @@ async fn a_user_with_the_minimal_rules_can_use_every_kind() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_release_channels_releases_succeed_and_waiters_poll() {
-    let logs = logs();
+    let logs = common::logs();
     let (cluster, builder) =
         cluster_as("nochannels", &rules(&["&redlock:released:app:*"], &["resetchannels"]));
     let rl = builder.build().unwrap();

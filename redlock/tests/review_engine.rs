@@ -15,49 +15,9 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use redlock_testkit::{FaultyCluster, NetFault};
-
-/// Every log line of every test in this file, from trace level on (each test reads the
-/// lines naming its own proxies' ports).
-fn logs() -> &'static Arc<Mutex<Vec<u8>>> {
-    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
-    LOGS.get_or_init(|| {
-        let buffer = Arc::new(Mutex::new(Vec::new()));
-        let writer = buffer.clone();
-        tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::TRACE)
-            .with_ansi(false)
-            .with_writer(move || common::LogBuffer(writer.clone()))
-            .init();
-        buffer
-    })
-}
-
-/// How many requests of `op` to the node behind `url` ended so far.
-fn requests_ended(url: &str, op: &str) -> usize {
-    let node = url.trim_start_matches("redis://");
-    let log = String::from_utf8_lossy(&logs().lock().unwrap()).into_owned();
-    log.lines()
-        .filter(|line| line.contains("node request ended"))
-        .filter(|line| line.contains(node) && line.contains(&format!("op=\"{op}\"")))
-        .count()
-}
-
-/// Runs `fut` on a short-lived current-thread runtime of its own thread, which ends (and
-/// drops whatever it still runs) as soon as `fut` is over.
-fn on_short_runtime<T: Send + 'static>(
-    fut: impl std::future::Future<Output = T> + Send + 'static,
-) -> T {
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        runtime.block_on(fut)
-    })
-    .join()
-    .unwrap()
-}
 
 /// Attack: the hand-over re-sends an undo "on its own" (no `previous`), assuming the
 /// request it undoes died with the same runtime. Here the request it undoes (a2's SET on
@@ -77,7 +37,7 @@ async fn a_release_handed_over_from_another_runtime_waits_for_the_set_it_undoes(
         common::lock_behind_an_unsent_acquisition(&faulty, &rl, key, Duration::from_millis(600))
             .await;
     let token = a2.token().to_string();
-    on_short_runtime(async move { a2.release().await }).unwrap();
+    common::on_short_runtime(async move { a2.release().await }).unwrap();
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let left = cluster.node(4).get(key).unwrap();
     assert_ne!(
@@ -113,7 +73,7 @@ async fn control_a_release_on_the_same_runtime_waits_for_the_set_it_undoes() {
 /// removes have expired (1 s lease): no retry loop beyond `until`, no spin.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_whose_connects_time_out_is_retried_only_until_the_lease_ends() {
-    logs();
+    common::logs();
     let faulty = FaultyCluster::start(3).unwrap();
     let rl = common::builder_for(faulty.urls(), Duration::from_millis(200))
         .connect_timeout(Duration::from_millis(100))
@@ -137,9 +97,9 @@ async fn a_release_whose_connects_time_out_is_retried_only_until_the_lease_ends(
     // one may still run for a connect timeout.
     let until = started + Duration::from_millis(1012);
     tokio::time::sleep_until((until + Duration::from_millis(400)).into()).await;
-    let sent = requests_ended(&url, "release");
+    let sent = common::requests_ended(&url, "release");
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let later = requests_ended(&url, "release");
+    let later = common::requests_ended(&url, "release");
     eprintln!("releases sent to node 2: {sent}");
     assert!(sent >= 2, "the release was not sent again ({sent} sent)");
     assert!(sent <= 12, "{sent} releases sent to node 2 within the lease: a spin");
@@ -152,7 +112,7 @@ async fn a_release_whose_connects_time_out_is_retried_only_until_the_lease_ends(
 /// and must not be sent again,  (shutdown then has nothing to wait for).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_to_a_dead_node_is_not_retried() {
-    logs();
+    common::logs();
     let mut faulty = FaultyCluster::start(3).unwrap();
     let rl = common::builder_for(faulty.urls(), Duration::from_millis(200))
         .connect_timeout(Duration::from_millis(100))
@@ -163,7 +123,11 @@ async fn a_release_to_a_dead_node_is_not_retried() {
     faulty.cluster_mut().node_mut(2).kill().unwrap();
     lock.release().await.unwrap();
     tokio::time::sleep(Duration::from_millis(800)).await;
-    assert_eq!(requests_ended(&url, "release"), 1, "a release to a dead node was sent again");
+    assert_eq!(
+        common::requests_ended(&url, "release"),
+        1,
+        "a release to a dead node was sent again"
+    );
     // Nothing left in flight: shutdown does not wait for its deadline.
     let started = Instant::now();
     let _ = rl.shutdown(Duration::from_secs(3)).await;
@@ -186,7 +150,7 @@ async fn a_reentrant_hold_dropped_on_a_short_lived_runtime_leaves_no_field() {
     h1.release().await.unwrap();
     let h2 = rl.reentrant(key, "job").await.unwrap();
     let field = h2.field().to_string();
-    on_short_runtime(async move { drop(h2) });
+    common::on_short_runtime(async move { drop(h2) });
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let fields = cluster.node(4).hgetall(key).unwrap();
     assert!(

@@ -93,6 +93,46 @@ impl std::io::Write for LogBuffer {
     }
 }
 
+/// Every log line of the test binary, from trace level on: one subscriber per process,
+/// installed by the first call.
+pub fn logs() -> &'static std::sync::Arc<std::sync::Mutex<Vec<u8>>> {
+    use std::sync::{Arc, Mutex, OnceLock};
+    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let buffer = Arc::new(Mutex::new(Vec::new()));
+        let writer = buffer.clone();
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_ansi(false)
+            .with_writer(move || LogBuffer(writer.clone()))
+            .init();
+        buffer
+    })
+}
+
+/// How many requests of `op` to the node behind `url` ended so far, from [`logs`].
+pub fn requests_ended(url: &str, op: &str) -> usize {
+    let node = url.trim_start_matches("redis://");
+    let log = String::from_utf8_lossy(&logs().lock().unwrap()).into_owned();
+    log.lines()
+        .filter(|line| line.contains("node request ended"))
+        .filter(|line| line.contains(node) && line.contains(&format!("op=\"{op}\"")))
+        .count()
+}
+
+/// Runs `fut` on a short-lived current-thread runtime of its own thread, which ends (and
+/// drops whatever it still runs) as soon as `fut` is over.
+pub fn on_short_runtime<T: Send + 'static>(
+    fut: impl std::future::Future<Output = T> + Send + 'static,
+) -> T {
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(fut)
+    })
+    .join()
+    .unwrap()
+}
+
 /// A lock on `key` granted by nodes 0-3 while its acquisition on node 4 is still unsent:
 /// it waits there behind the release of an earlier lock of the same client, itself queued
 /// behind that lock's acquisition, held by node 4's proxy for `hold`. Every later request of

@@ -31,16 +31,48 @@ use futures::{FutureExt, StreamExt};
 
 use crate::error::NodeOutcome;
 
+use crate::command::Command;
+use crate::node::Reply;
+
 use super::Core;
+use super::call::NodeCall;
+use super::protocol::{Answer, Op};
 use super::round::Rest;
 use super::slot::{Slot, Slots};
 use super::undo::Tracked;
 
-/// A fresh undo request for a node, registered with the client's undos while in flight,
-/// queued behind the given slot if any (for a hand-over: the original undo's, which hands on
-/// to the request it was still waiting for).
-pub(crate) type Remake =
-    Arc<dyn Fn(usize, Option<Slot>) -> BoxFuture<'static, (usize, NodeOutcome)> + Send + Sync>;
+/// A fresh undo request for a node, settling the given slot when over, queued behind the
+/// other given slot if any (for a hand-over: the original undo's, which hands on to the
+/// request it was still waiting for), and registered with the client's undos while in
+/// flight.
+pub(crate) type Remake = Arc<
+    dyn Fn(usize, Slot, Option<Slot>) -> BoxFuture<'static, (usize, NodeOutcome)> + Send + Sync,
+>;
+
+/// The [`Remake`] of `op`'s `command` on `keys`, whose replies `read` reads.
+pub(crate) fn remake<R>(
+    core: &Arc<Core>,
+    keys: &Arc<[Arc<str>]>,
+    (op, command): (Op, &Arc<Command>),
+    read: R,
+) -> Remake
+where
+    R: Fn(&Reply) -> Answer + Clone + Send + Sync + 'static,
+{
+    let (core, keys, command) = (core.clone(), keys.clone(), command.clone());
+    Arc::new(move |node, slot, previous| {
+        let tracked = core.undos.track_one(node, &keys, &slot);
+        let command = command.clone();
+        let request = NodeCall { node, op, command, previous, after: None, slot };
+        let call = request.send(&core, read.clone());
+        async move {
+            let answer = call.await;
+            drop(tracked);
+            answer
+        }
+        .boxed()
+    })
+}
 
 /// The first pause before an undo is sent again; it doubles each time, up to a second.
 const FIRST_PAUSE: Duration = Duration::from_millis(50);
@@ -156,7 +188,7 @@ impl Retries {
         self.sent.push(
             async move {
                 tokio::time::sleep(wait).await;
-                remake(i, None).await
+                remake(i, Slot::new(), None).await
             }
             .boxed(),
         );
@@ -204,10 +236,11 @@ impl Drop for Unfinished {
         }
         let left = std::mem::take(&mut self.left);
         let remake = self.undos.remake.clone();
-        // The re-sent undos have slots of their own: these only carry their answers.
-        let answers = Slots::new(self.undos.core.nodes.len());
-        let requests =
-            Rest::new(&answers, left.iter().map(|&i| remake(i, Some(self.slots.get(i)))));
+        let slots = Slots::new(self.undos.core.nodes.len());
+        let requests = Rest::new(
+            &slots,
+            left.iter().map(|&i| remake(i, slots.get(i), Some(self.slots.get(i)))),
+        );
         finish(self.undos.clone(), requests, left, None, Place::Own);
     }
 }

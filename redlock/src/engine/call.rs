@@ -13,9 +13,6 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use futures::FutureExt;
-use futures::future::BoxFuture;
-
 use crate::command::Command;
 use crate::error::NodeOutcome;
 use crate::node::Reply;
@@ -44,32 +41,6 @@ impl NodeCall {
     /// may overtake whatever is in flight.
     pub(crate) fn check(node: usize, command: Arc<Command>, slot: Slot) -> NodeCall {
         NodeCall { node, op: Op::Check, command, previous: None, after: None, slot }
-    }
-
-    /// An undo sent again from the background to node `node`, after `previous` if any:
-    /// registered with the client's undos for `keys` while in flight, so that this client's
-    /// next attempt there waits for it.
-    pub(crate) fn resent_undo<R>(
-        core: &Core,
-        node: usize,
-        (op, command): (Op, Arc<Command>),
-        keys: &Arc<[Arc<str>]>,
-        previous: Option<Slot>,
-        read: R,
-    ) -> BoxFuture<'static, (usize, NodeOutcome)>
-    where
-        R: FnOnce(&Reply) -> Answer + Send + 'static,
-    {
-        let slot = Slot::new();
-        let tracked = core.undos.track_one(node, keys, &slot);
-        let request = NodeCall { node, op, command, previous, after: None, slot };
-        let call = request.send(core, read);
-        async move {
-            let answer = call.await;
-            drop(tracked);
-            answer
-        }
-        .boxed()
     }
 
     /// The request as a future answering `(node, outcome)`; `read` says what the reply

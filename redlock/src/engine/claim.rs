@@ -386,17 +386,11 @@ impl<P: Protocol> Claim<P> {
         background::finish(undos, rest, pending, Some(tracked), Place::Caller);
     }
 
-    /// Makes `command` again for a node, registered with the client's undos while in
-    /// flight: for undos sent again from the background.
+    /// Makes `command` again for a node: for undos sent again from the background.
     fn remake(&self, op: Op, command: &Arc<Command>) -> background::Remake {
-        let (core, proto, command) = (self.core.clone(), self.proto.clone(), command.clone());
-        Arc::new(move |i, previous| {
-            let read = {
-                let proto = proto.clone();
-                move |reply: &_| proto.answer(op, reply)
-            };
-            NodeCall::resent_undo(&core, i, (op, command.clone()), proto.keys(), previous, read)
-        })
+        let proto = self.proto.clone();
+        let read = move |reply: &_| proto.answer(op, reply);
+        background::remake(&self.core, self.proto.keys(), (op, command), read)
     }
 
     /// The release of a claim dropped while armed: on the client's own thread, so that it

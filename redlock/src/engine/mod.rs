@@ -197,21 +197,8 @@ impl Drop for GiveUp<'_> {
         );
         // Rare (a writer giving up): on the client's own thread from the start. An intent
         // lives for a lease at most.
-        let remake: background::Remake = {
-            let (core, command) = (core.clone(), command.clone());
-            let keys = self.keys.clone();
-            Arc::new(move |i, previous| {
-                let undo = (Op::Release, command.clone());
-                call::NodeCall::resent_undo(
-                    &core,
-                    i,
-                    undo,
-                    &keys,
-                    previous,
-                    protocol::script_answer,
-                )
-            })
-        };
+        let remake =
+            background::remake(core, &self.keys, (Op::Release, &command), protocol::script_answer);
         let undos = background::Undos {
             core: core.clone(),
             remake,

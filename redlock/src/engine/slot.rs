@@ -87,18 +87,7 @@ impl Slot {
 
     /// Whether the request is over, and so is whatever it handed on.
     pub(crate) fn is_settled(&self) -> bool {
-        let mut slot = self;
-        loop {
-            // Only `Slots::get` makes slots, with an index inside the round.
-            let Some(state) = slot.state() else { return true };
-            if !state.settled.load(Ordering::Acquire) {
-                return false;
-            }
-            match state.behind.get() {
-                Some(behind) => slot = behind,
-                None => return true,
-            }
-        }
+        self.first_unsettled().is_none()
     }
 
     /// Completes once the request is over, and so is whatever it handed on.
@@ -129,12 +118,13 @@ impl Slot {
     }
 
     /// The first request along this one's hand-on chain that is not over yet, if any.
-    fn first_unsettled(&self) -> Option<Slot> {
+    fn first_unsettled(&self) -> Option<&Slot> {
         let mut slot = self;
         loop {
+            // Only `Slots::get` makes slots, with an index inside the round.
             let state = slot.state()?;
             if !state.settled.load(Ordering::Acquire) {
-                return Some(slot.clone());
+                return Some(slot);
             }
             slot = state.behind.get()?;
         }
@@ -146,7 +136,7 @@ impl Slot {
             // cancelled calls stay a link or two long, however many there are.
             if let Some(behind) = behind.as_ref().and_then(Slot::first_unsettled) {
                 // Set once: only this slot's own request settles it.
-                let _ = state.behind.set(behind);
+                let _ = state.behind.set(behind.clone());
             }
             state.settled.store(true, Ordering::Release);
             state.notify.notify_waiters();

@@ -30,19 +30,19 @@ pub(crate) enum Sent {
     Everywhere(Slots),
     /// Per node, the undo if one was sent there.
     Some(Box<[Option<Slot>]>),
+    /// One undo, on one node.
+    One(usize, Slot),
 }
 
 impl Sent {
-    /// The undos sent, with their nodes.
-    fn undos(&self) -> impl Iterator<Item = (usize, Slot)> + '_ {
-        let nodes = match self {
-            Self::Everywhere(slots) => slots.len(),
-            Self::Some(slots) => slots.len(),
-        };
-        (0..nodes).filter_map(move |i| match self {
-            Self::Everywhere(slots) => Some((i, slots.get(i))),
-            Self::Some(slots) => Some((i, slots[i].clone()?)),
-        })
+    /// Calls `visit` with each undo sent and its node.
+    fn for_each(&self, mut visit: impl FnMut(usize, &Slot)) {
+        match self {
+            Self::Everywhere(slots) => (0..slots.len()).for_each(|i| visit(i, &slots.get(i))),
+            Self::Some(slots) => (slots.iter().enumerate())
+                .for_each(|(i, slot)| slot.iter().for_each(|slot| visit(i, slot))),
+            Self::One(node, slot) => visit(*node, slot),
+        }
     }
 }
 
@@ -84,8 +84,7 @@ impl Undos {
         keys: &Arc<[Arc<str>]>,
         slot: &Slot,
     ) -> Tracked {
-        let slots = (0..self.nodes()).map(|i| (i == node).then(|| slot.clone())).collect();
-        self.track(keys, Sent::Some(slots))
+        self.track(keys, Sent::One(node, slot.clone()))
     }
 
     /// The undos still in flight for any of `keys`, with their nodes; `None` when there
@@ -96,9 +95,14 @@ impl Undos {
         }
         let entries = self.lock();
         let registrations = keys.iter().filter_map(|key| entries.get(key)).flatten();
-        let pending: Vec<(usize, Slot)> = (registrations.flat_map(|r| r.sent.undos()))
-            .filter(|(_, slot)| !slot.is_settled())
-            .collect();
+        let mut pending = Vec::new();
+        for registration in registrations {
+            registration.sent.for_each(|i, slot| {
+                if !slot.is_settled() {
+                    pending.push((i, slot.clone()));
+                }
+            });
+        }
         (!pending.is_empty()).then(|| Arc::new(Pending(pending)))
     }
 
@@ -118,9 +122,7 @@ impl Undos {
     pub(crate) fn in_flight(&self) -> Vec<bool> {
         let mut in_flight = vec![false; self.nodes()];
         for registration in self.lock().values().flatten() {
-            for (i, slot) in registration.sent.undos() {
-                in_flight[i] |= !slot.is_settled();
-            }
+            registration.sent.for_each(|i, slot| in_flight[i] |= !slot.is_settled());
         }
         in_flight
     }

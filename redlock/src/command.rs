@@ -11,6 +11,8 @@ use std::sync::LazyLock;
 
 use redis::Cmd;
 
+use crate::engine::ReleaseChannel;
+
 macro_rules! scripts {
     ($($name:ident = $($file:literal),+;)*) => {
         $(pub(crate) static $name: LazyLock<Script> = LazyLock::new(|| {
@@ -85,10 +87,10 @@ impl Command {
     ) -> Self
     where
         K: AsRef<str>,
-        A: AsRef<[u8]>,
+        A: ScriptArg,
     {
         let size = keys.iter().map(|key| key.as_ref().len()).sum::<usize>()
-            + args.iter().map(|arg| arg.as_ref().len()).sum::<usize>()
+            + args.iter().map(ScriptArg::size).sum::<usize>()
             + script.sha.len()
             + 16;
         let mut evalsha = Cmd::with_capacity(3 + keys.len() + args.len(), size);
@@ -97,7 +99,7 @@ impl Command {
             evalsha.arg(key.as_ref());
         }
         for arg in args {
-            evalsha.arg(arg.as_ref());
+            arg.write_to(&mut evalsha);
         }
         Self { kind: Kind::Script { script, evalsha }, resend }
     }
@@ -129,6 +131,50 @@ impl Command {
 
     pub(crate) fn resend(&self) -> Resend {
         self.resend
+    }
+}
+
+/// One argument of a script, written straight into the command.
+pub(crate) trait ScriptArg {
+    /// Its length in bytes.
+    fn size(&self) -> usize;
+    fn write_to(&self, cmd: &mut Cmd);
+}
+
+impl ScriptArg for &[u8] {
+    fn size(&self) -> usize {
+        self.len()
+    }
+
+    fn write_to(&self, cmd: &mut Cmd) {
+        cmd.arg(*self);
+    }
+}
+
+/// A script argument that is either bytes or a key's release channel: the channel's name
+/// is written into the command, never kept as a string of its own.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Arg<'a> {
+    Bytes(&'a [u8]),
+    /// The channel releases of this key are published on.
+    ReleaseChannel(&'a str),
+}
+
+impl ScriptArg for Arg<'_> {
+    fn size(&self) -> usize {
+        match self {
+            Self::Bytes(bytes) => bytes.len(),
+            Self::ReleaseChannel(key) => ReleaseChannel(key).size(),
+        }
+    }
+
+    fn write_to(&self, cmd: &mut Cmd) {
+        match self {
+            Self::Bytes(bytes) => bytes.write_to(cmd),
+            Self::ReleaseChannel(key) => {
+                cmd.arg(ReleaseChannel(key));
+            }
+        }
     }
 }
 
@@ -179,5 +225,18 @@ mod tests {
         assert_eq!(fallback[0], b"EVAL");
         assert_eq!(fallback[1], RELEASE.source.as_bytes());
         assert_eq!(fallback[2..], first[2..]);
+    }
+
+    #[test]
+    fn a_release_channel_is_written_as_the_name_waiters_subscribe_to() {
+        let args_in = [Arg::Bytes(b"token"), Arg::ReleaseChannel("app:job")];
+        let command = Command::script(&RELEASE, &["app:job"], &args_in, Resend::Safe);
+        let written = args(command.first());
+        assert_eq!(written[4], b"token");
+        assert_eq!(written[5], crate::engine::channel("app:job").as_bytes());
+        assert_eq!(written[5], b"redlock:released:app:job");
+        assert_eq!(args_in[1].size(), written[5].len());
+        let fallback = args(&command.fallback().unwrap());
+        assert_eq!(fallback[2..], written[2..]);
     }
 }

@@ -53,6 +53,14 @@ impl Config {
         }
         Ok(key)
     }
+
+    /// `resource` as a shared name, and its [`key`](Self::key): without a prefix they are
+    /// the same string, made once.
+    pub(crate) fn name_and_key(&self, resource: &str) -> Result<(Arc<str>, Arc<str>)> {
+        let key = self.key(resource)?;
+        let name = if self.key_prefix.is_empty() { key.clone() } else { resource.into() };
+        Ok((name, key))
+    }
 }
 
 /// A validated lease: whole milliseconds, at least one, longer than its drift allowance.

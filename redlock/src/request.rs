@@ -194,10 +194,10 @@ impl<'a> IntoFuture for LockRequest<'a> {
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(async move {
             let (core, config) = (self.core, &self.core.config);
-            let key = config.key(self.resource)?;
+            let (resource, key) = config.name_and_key(self.resource)?;
             let plan = self.options.plan(config)?;
             let new = || Plain::new(key.clone(), label_of(core));
-            let claim = engine::obtain(core, &plan, self.resource.into(), new, None).await?;
+            let claim = engine::obtain(core, &plan, resource, new, None).await?;
             Ok(Lock::from_claim(claim))
         })
     }
@@ -210,11 +210,11 @@ impl<'a> IntoFuture for ReentrantRequest<'a> {
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(async move {
             let (core, config) = (self.core, &self.core.config);
-            let key = config.key(self.resource)?;
+            let (resource, key) = config.name_and_key(self.resource)?;
             let owner = Reentrant::check_owner(self.owner)?;
             let plan = self.options.plan(config)?;
             let new = || Reentrant::new(key.clone(), owner.clone(), label_of(core));
-            let claim = engine::obtain(core, &plan, self.resource.into(), new, None).await?;
+            let claim = engine::obtain(core, &plan, resource, new, None).await?;
             Ok(ReentrantLock::from_claim(claim))
         })
     }
@@ -250,10 +250,10 @@ impl<'a> IntoFuture for ReadRequest<'a> {
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(async move {
             let (core, config) = (self.core, &self.core.config);
-            let key = config.key(self.resource)?;
+            let (resource, key) = config.name_and_key(self.resource)?;
             let plan = self.options.plan(config)?;
             let new = || Share::new(key.clone(), Mode::Read, None, label_of(core));
-            let claim = engine::obtain(core, &plan, self.resource.into(), new, None).await?;
+            let claim = engine::obtain(core, &plan, resource, new, None).await?;
             Ok(ReadLock::from_claim(claim))
         })
     }
@@ -266,7 +266,7 @@ impl<'a> IntoFuture for WriteRequest<'a> {
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(async move {
             let (core, config) = (self.core, &self.core.config);
-            let key = config.key(self.resource)?;
+            let (resource, key) = config.name_and_key(self.resource)?;
             let plan = self.options.plan(config)?;
             // Only a writer that waits records an intent: a single attempt never blocks
             // readers.
@@ -276,7 +276,7 @@ impl<'a> IntoFuture for WriteRequest<'a> {
             };
             let withdrawal = intent.as_ref().map(|intent| intent.withdrawal(&key));
             let new = || Share::new(key.clone(), Mode::Write, intent.clone(), label_of(core));
-            let claim = engine::obtain(core, &plan, self.resource.into(), new, withdrawal).await?;
+            let claim = engine::obtain(core, &plan, resource, new, withdrawal).await?;
             Ok(WriteLock::from_claim(claim))
         })
     }

@@ -1,6 +1,8 @@
 //! Lock tokens: the value stored under the key, unique per acquisition.
 
-use std::sync::Arc;
+use std::fmt;
+
+use smallvec::SmallVec;
 
 use rand::RngCore;
 
@@ -12,13 +14,41 @@ pub(crate) fn generate() -> String {
     hex().as_str().to_owned()
 }
 
-/// A fresh token, followed by `.<label>` when the client has an owner label; made in place
-/// (one allocation) when there is no label.
-pub(crate) fn generate_labelled(label: Option<&str>) -> Arc<str> {
-    let token = hex();
-    match label {
-        None => Arc::from(token.as_str()),
-        Some(label) => Arc::from(format!("{}.{label}", token.as_str())),
+/// A fresh token, followed by `.<label>` when the client has an owner label.
+pub(crate) fn generate_labelled(label: Option<&str>) -> Token {
+    let mut bytes = SmallVec::new();
+    bytes.extend_from_slice(&hex().0);
+    if let Some(label) = label {
+        bytes.push(b'.');
+        bytes.extend_from_slice(label.as_bytes());
+    }
+    Token(bytes)
+}
+
+/// A hold's token, kept in place: the hex digits and a checked label always fit.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct Token(SmallVec<[u8; 128]>);
+
+impl Token {
+    pub(crate) fn as_str(&self) -> &str {
+        // Hex digits, a dot and a checked label: always UTF-8.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl fmt::Display for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
     }
 }
 
@@ -74,8 +104,9 @@ mod tests {
     #[test]
     fn a_label_follows_the_token_after_a_dot() {
         let token = generate_labelled(Some("cron@host"));
-        let (hex, label) = token.split_once('.').unwrap();
+        let (hex, label) = token.as_str().split_once('.').unwrap();
         assert_eq!((hex.len(), label), (40, "cron@host"));
-        assert_eq!(generate_labelled(None).len(), 40);
+        assert_eq!(generate_labelled(None).as_str().len(), 40);
+        assert!(!generate_labelled(Some(&"a".repeat(MAX_LABEL))).0.spilled());
     }
 }

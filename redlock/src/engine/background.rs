@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
+use smallvec::SmallVec;
 
 use crate::error::NodeOutcome;
 
@@ -36,34 +37,48 @@ use crate::node::Reply;
 
 use super::Core;
 use super::call::NodeCall;
-use super::protocol::{Answer, Op};
+use super::protocol::{Answer, Keys, Op};
 use super::round::Rest;
 use super::slot::{Slot, Slots};
-use super::undo::Tracked;
+use super::undo::{After, Tracked};
 
-/// A fresh undo request for a node, settling the given slot when over, queued behind the
-/// other given slot if any (for a hand-over: the original undo's, which hands on to the
+/// Makes a fresh undo request for a node, settling the given slot when over, queued behind
+/// the other given slot if any (for a hand-over: the original undo's, which hands on to the
 /// request it was still waiting for), and registered with the client's undos while in
-/// flight.
-pub(crate) type Remake = Arc<
-    dyn Fn(usize, Slot, Option<Slot>) -> BoxFuture<'static, (usize, NodeOutcome)> + Send + Sync,
->;
+/// flight. A plain closure, kept by value: most rounds never remake anything.
+pub(crate) trait Remake:
+    Fn(usize, Slot, Option<Slot>) -> BoxFuture<'static, (usize, NodeOutcome)>
+    + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<T> Remake for T where
+    T: Fn(usize, Slot, Option<Slot>) -> BoxFuture<'static, (usize, NodeOutcome)>
+        + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}
 
 /// The [`Remake`] of `op`'s `command` on `keys`, whose replies `read` reads.
 pub(crate) fn remake<R>(
     core: &Arc<Core>,
-    keys: &Arc<[Arc<str>]>,
+    keys: &Keys,
     (op, command): (Op, &Arc<Command>),
     read: R,
-) -> Remake
+) -> impl Remake + use<R>
 where
     R: Fn(&Reply) -> Answer + Clone + Send + Sync + 'static,
 {
     let (core, keys, command) = (core.clone(), keys.clone(), command.clone());
-    Arc::new(move |node, slot, previous| {
+    move |node, slot, previous| {
         let tracked = core.undos.track_one(node, &keys, &slot);
         let command = command.clone();
-        let request = NodeCall { node, op, command, previous, after: None, slot };
+        let request = NodeCall { node, op, command, previous, after: After::new(), slot };
         let call = request.send(&core, read.clone());
         async move {
             let answer = call.await;
@@ -71,7 +86,7 @@ where
             answer
         }
         .boxed()
-    })
+    }
 }
 
 /// The first pause before an undo is sent again; it doubles each time, up to a second.
@@ -80,9 +95,9 @@ const MAX_PAUSE: Duration = Duration::from_secs(1);
 
 /// What the background needs to finish, report, and send again the undos of one round.
 #[derive(Clone)]
-pub(crate) struct Undos {
+pub(crate) struct Undos<M> {
     pub(crate) core: Arc<Core>,
-    pub(crate) remake: Remake,
+    pub(crate) remake: M,
     /// Every key these undos remove has expired by then: no point in sending them after.
     pub(crate) until: Instant,
     pub(crate) what: &'static str,
@@ -90,7 +105,7 @@ pub(crate) struct Undos {
     /// Per node, the connection generation when the first request these undos undo was
     /// made: once it changed, an undo may travel on another connection than what it
     /// undoes, and nothing orders them.
-    pub(crate) generations: Arc<[u64]>,
+    pub(crate) generations: Generations,
 }
 
 /// Where the undos run.
@@ -103,12 +118,18 @@ pub(crate) enum Place {
     Own,
 }
 
+/// Node indices, inline for up to seven.
+pub(crate) type Nodes = SmallVec<[usize; 7]>;
+
+/// Per node, a connection generation, inline for up to seven nodes.
+pub(crate) type Generations = SmallVec<[u64; 7]>;
+
 /// Finishes `rest`, the undos still in flight on the nodes `pending`, in the background;
 /// `tracked` is their registration, if any.
-pub(crate) fn finish<F>(
-    undos: Undos,
+pub(crate) fn finish<F, M: Remake>(
+    undos: Undos<M>,
     rest: Rest<F>,
-    pending: Vec<usize>,
+    pending: Nodes,
     tracked: Option<Tracked>,
     place: Place,
 ) where
@@ -138,7 +159,7 @@ pub(crate) fn finish<F>(
                     continue;
                 }
             }
-            unfinished.left.retain(|&node| node != i);
+            unfinished.left.retain(|node| *node != i);
             report(&undos, i, &outcome);
         }
         drop(unfinished);
@@ -150,7 +171,7 @@ pub(crate) fn finish<F>(
 }
 
 /// Counts and logs an undo that failed for good.
-fn report(undos: &Undos, i: usize, outcome: &NodeOutcome) {
+fn report<M>(undos: &Undos<M>, i: usize, outcome: &NodeOutcome) {
     if outcome.is_fault() {
         undos.core.undos.note_failure(i);
         tracing::warn!(
@@ -177,7 +198,7 @@ impl Retries {
 
     /// Sends node `i`'s undo again after its pause, unless its keys will have expired by
     /// then; `false` if not sent.
-    fn again(&mut self, i: usize, undos: &Undos) -> bool {
+    fn again<M: Remake>(&mut self, i: usize, undos: &Undos<M>) -> bool {
         let Some(pause) = self.pauses.get_mut(i) else { return false };
         let wait = *pause;
         if Instant::now() + wait >= undos.until {
@@ -218,18 +239,18 @@ where
 
 /// The nodes whose undo has not answered yet: if the task is dropped before (its runtime
 /// ended), they are sent again on the client's own thread.
-struct Unfinished {
+struct Unfinished<M: Remake> {
     /// The original undos' slots: each undo sent again queues behind its node's.
     slots: Slots,
-    left: Vec<usize>,
-    undos: Undos,
+    left: Nodes,
+    undos: Undos<M>,
     hand_over: bool,
     /// The undos' registration, held for its `Drop`: as a field it goes only after `drop`
     /// has registered the undos sent again, so a new attempt of the client always finds one.
     _tracked: Option<Tracked>,
 }
 
-impl Drop for Unfinished {
+impl<M: Remake> Drop for Unfinished<M> {
     fn drop(&mut self) {
         if !self.hand_over || self.left.is_empty() {
             return;

@@ -21,7 +21,7 @@ use crate::telemetry;
 use super::Core;
 use super::protocol::{Answer, Op};
 use super::slot::{SettleOnDrop, Slot};
-use super::undo::Pending;
+use super::undo::After;
 
 /// A call to node `node`, ready to be sent.
 pub(crate) struct NodeCall {
@@ -31,7 +31,7 @@ pub(crate) struct NodeCall {
     /// What must be over on the node before it goes out: the claim's previous request
     /// there, if any, and `after`.
     pub(crate) previous: Option<Slot>,
-    pub(crate) after: Option<Arc<Pending>>,
+    pub(crate) after: After,
     /// Settled when it is over.
     pub(crate) slot: Slot,
 }
@@ -40,7 +40,7 @@ impl NodeCall {
     /// A read-only check of node `node`, ordered after nothing: it changes nothing, so it
     /// may overtake whatever is in flight.
     pub(crate) fn check(node: usize, command: Arc<Command>, slot: Slot) -> NodeCall {
-        NodeCall { node, op: Op::Check, command, previous: None, after: None, slot }
+        NodeCall { node, op: Op::Check, command, previous: None, after: After::new(), slot }
     }
 
     /// The request as a future answering `(node, outcome)`; `read` says what the reply
@@ -62,12 +62,12 @@ impl NodeCall {
             let started = telemetry::request_started();
             let reply = if op == Op::Acquire {
                 let exchange = async {
-                    turn.wait_turn(after.as_deref(), i).await;
+                    turn.wait_turn(&after).await;
                     node.send(&command).await
                 };
                 tokio::time::timeout(timeout, exchange).await
             } else {
-                turn.wait_turn(after.as_deref(), i).await;
+                turn.wait_turn(&after).await;
                 tokio::time::timeout(timeout, node.send(&command)).await
             };
             let Ok(reply) = reply else {

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use smallvec::{SmallVec, smallvec};
 use tracing::Instrument;
 
 use crate::command::Command;
@@ -21,7 +22,7 @@ use super::fencing;
 use super::protocol::{Op, Protocol};
 use super::round::{self, Round};
 use super::slot::{Slot, Slots};
-use super::undo::{Pending, Sent, Tracked};
+use super::undo::{After, Sent, Tracked};
 
 /// A hold of any kind on the nodes, released in the background if dropped while armed
 /// (never blocking in `Drop`).
@@ -32,7 +33,7 @@ pub(crate) struct Claim<P: Protocol> {
     resource: Arc<str>,
     /// Per node, this claim's latest request there, which every later request of the
     /// claim on that node waits for: an undo never overtakes what it undoes.
-    tails: Box<[Option<Slot>]>,
+    tails: SmallVec<[Option<Slot>; 7]>,
     ttl: Ttl,
     deadline: Instant,
     /// The latest instant a key of this claim may live to on a node, as far as the
@@ -42,7 +43,7 @@ pub(crate) struct Claim<P: Protocol> {
     armed: bool,
     /// Per node, the connection generation when the claim's first request was made: an
     /// undo that times out after it changed is sent again (see [`background`]).
-    generations: Arc<[u64]>,
+    generations: background::Generations,
     /// When the granting round started: the hold's duration counts from here.
     since: Instant,
 }
@@ -113,7 +114,7 @@ impl<P: Protocol> Claim<P> {
             core: core.clone(),
             proto: proto.clone(),
             resource,
-            tails: vec![None; n].into(),
+            tails: smallvec![None; n],
             ttl,
             deadline: ttl.deadline(started_at),
             expires_by: started_at + ttl.duration(),
@@ -128,7 +129,7 @@ impl<P: Protocol> Claim<P> {
         let slots = Slots::new(n);
         let requests = round::Rest::new(
             &slots,
-            (0..n).map(|i| claim.request(&slots, i, Op::Acquire, &command, pending.clone())),
+            (0..n).map(|i| claim.request(&slots, i, Op::Acquire, &command, pending.on(i))),
         );
         // Unanswered requests go on in the background: a lock held on more nodes than the
         // bare quorum survives more failures. Releases on their nodes wait for them.
@@ -176,7 +177,7 @@ impl<P: Protocol> Claim<P> {
         i: usize,
         op: Op,
         command: &Arc<Command>,
-        after: Option<Arc<Pending>>,
+        after: After,
     ) -> impl Future<Output = (usize, NodeOutcome)> + Send + 'static + use<P> {
         let slot = slots.get(i);
         let previous = self.tails[i].replace(slot.clone());
@@ -192,12 +193,12 @@ impl<P: Protocol> Claim<P> {
         let command = Arc::new(self.proto.command(Op::CleanUp, self.ttl));
         let slots = Slots::new(round.outcomes.len());
         let mut requests = Vec::with_capacity(round.outcomes.len());
-        let mut outcomes = Vec::with_capacity(round.outcomes.len());
+        let mut outcomes = round::Outcomes::with_capacity(round.outcomes.len());
         for (i, outcome) in round.outcomes.iter().enumerate() {
             match outcome {
                 NodeOutcome::Held | NodeOutcome::WrongType => outcomes.push(NodeOutcome::Absent),
                 _ => {
-                    requests.push(self.request(&slots, i, Op::CleanUp, &command, None));
+                    requests.push(self.request(&slots, i, Op::CleanUp, &command, After::new()));
                     outcomes.push(NodeOutcome::Pending);
                 }
             }
@@ -208,7 +209,10 @@ impl<P: Protocol> Claim<P> {
             .collect();
         // Registered before anything is awaited: a new attempt of this client on the key
         // that starts while this round runs waits for them.
-        let tracked = self.core.undos.track(self.proto.keys(), Sent::Some(self.tails.clone()));
+        let tracked = self
+            .core
+            .undos
+            .track(self.proto.keys(), Sent::Some(self.tails.iter().cloned().collect()));
         let answered = |_: &quorum::Tally, outcomes: &[NodeOutcome]| {
             let done = granted.iter().all(|&i| outcomes[i] != NodeOutcome::Pending);
             done.then_some(Settled::Reached)
@@ -346,7 +350,7 @@ impl<P: Protocol> Claim<P> {
     ) -> round::Rest<impl Future<Output = (usize, NodeOutcome)> + Send + 'static + use<P>> {
         let n = self.core.nodes.len();
         let slots = Slots::new(n);
-        round::Rest::new(&slots, (0..n).map(|i| self.request(&slots, i, op, command, None)))
+        round::Rest::new(&slots, (0..n).map(|i| self.request(&slots, i, op, command, After::new())))
     }
 
     /// Registers `undos`, a round on every node, so that this client's next acquisition of
@@ -370,7 +374,7 @@ impl<P: Protocol> Claim<P> {
     ) where
         F: Future<Output = (usize, NodeOutcome)> + Send + 'static,
     {
-        let pending: Vec<usize> = (round.outcomes.iter().enumerate())
+        let pending: background::Nodes = (round.outcomes.iter().enumerate())
             .filter(|(_, outcome)| **outcome == NodeOutcome::Pending)
             .map(|(i, _)| i)
             .collect();
@@ -387,7 +391,7 @@ impl<P: Protocol> Claim<P> {
     }
 
     /// Makes `command` again for a node: for undos sent again from the background.
-    fn remake(&self, op: Op, command: &Arc<Command>) -> background::Remake {
+    fn remake(&self, op: Op, command: &Arc<Command>) -> impl background::Remake + use<P> {
         let proto = self.proto.clone();
         let read = move |reply: &_| proto.answer(op, reply);
         background::remake(&self.core, self.proto.keys(), (op, command), read)

@@ -20,7 +20,7 @@ mod wait;
 use std::sync::Arc;
 
 pub(crate) use claim::Claim;
-pub(crate) use notify::channel;
+pub(crate) use notify::{ReleaseChannel, channel};
 pub(crate) use protocol::{Answer, Op, Protocol};
 
 use crate::command::Command;
@@ -68,7 +68,7 @@ impl Core {
         self.tasks.idle_by(deadline).await;
         let failed_after = self.undos.failures();
         let in_flight = self.undos.in_flight();
-        let outcomes: Vec<NodeOutcome> = (0..self.nodes.len())
+        let outcomes: round::Outcomes = (0..self.nodes.len())
             .map(|i| {
                 if in_flight[i] {
                     NodeOutcome::TimedOut
@@ -161,11 +161,11 @@ where
 /// Sends a wait's withdrawal when the wait ends without the lock, however it ends.
 struct GiveUp<'a> {
     core: &'a Arc<Core>,
-    keys: Arc<[Arc<str>]>,
+    keys: protocol::Keys,
     resource: Arc<str>,
     withdrawal: Option<Command>,
     /// Per node, the connection generation when the wait began (see `background`).
-    generations: Arc<[u64]>,
+    generations: background::Generations,
 }
 
 impl Drop for GiveUp<'_> {
@@ -182,7 +182,7 @@ impl Drop for GiveUp<'_> {
         let requests = round::Rest::new(
             &slots,
             (0..n).map(|i| {
-                let after = pending.clone();
+                let after = pending.on(i);
                 let slot = slots.get(i);
                 let request = call::NodeCall {
                     node: i,

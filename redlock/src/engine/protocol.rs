@@ -55,21 +55,25 @@ impl From<NodeOutcome> for Answer {
     }
 }
 
+/// The keys of a hold: one, inline, except for a multi-resource lock. Cloned into the
+/// registrations of its undos, which costs an allocation only for several keys.
+pub(crate) type Keys = smallvec::SmallVec<[Arc<str>; 1]>;
+
 /// What names one hold of any kind.
 #[derive(Debug)]
 pub(crate) struct Identity {
     /// What errors and logs call the kind.
     pub(crate) kind: &'static str,
-    /// The keys the hold occupies on a node (shared with the registrations of its undos).
-    pub(crate) keys: Arc<[Arc<str>]>,
+    /// The keys the hold occupies on a node.
+    pub(crate) keys: Keys,
     /// A fresh random token, unique to this hold.
-    pub(crate) token: Arc<str>,
+    pub(crate) token: crate::token::Token,
 }
 
 impl Identity {
     /// A hold of kind `kind` on `keys`, with a fresh token (carrying the client's owner
     /// label, if any).
-    pub(crate) fn new(kind: &'static str, keys: Arc<[Arc<str>]>, label: Option<&str>) -> Self {
+    pub(crate) fn new(kind: &'static str, keys: Keys, label: Option<&str>) -> Self {
         Self { kind, keys, token: crate::token::generate_labelled(label) }
     }
 }
@@ -89,13 +93,13 @@ pub(crate) trait Protocol: Send + Sync + 'static {
     }
 
     /// The keys the lock occupies on a node (one, except for a multi-resource lock).
-    fn keys(&self) -> &Arc<[Arc<str>]> {
+    fn keys(&self) -> &Keys {
         &self.identity().keys
     }
 
     /// The token that identifies this hold on the nodes.
     fn token(&self) -> &str {
-        &self.identity().token
+        self.identity().token.as_str()
     }
 
     /// The command for `op`, built once per round; `ttl` is the lease for `Acquire` and

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use futures::FutureExt;
 use futures::future::{JoinAll, join_all};
 use pin_project_lite::pin_project;
+use smallvec::{SmallVec, smallvec};
 
 use crate::error::{NodeOutcome, NodeReport, RoundReport};
 use crate::node::Node;
@@ -19,11 +20,14 @@ use crate::tasks::Tasks;
 
 use super::slot::Slots;
 
+/// Per node, what it answered: inline for up to seven nodes, the deployments this is for.
+pub(crate) type Outcomes = SmallVec<[NodeOutcome; 7]>;
+
 /// The result of a round.
 #[derive(Debug)]
 pub(crate) struct Round {
     /// Per node, in configuration order; `Pending` for nodes not answered at the decision.
-    pub(crate) outcomes: Vec<NodeOutcome>,
+    pub(crate) outcomes: Outcomes,
     pub(crate) settled: Settled,
     pub(crate) started_at: Instant,
     /// When the round was decided: the end of the round for validity accounting.
@@ -33,7 +37,7 @@ pub(crate) struct Round {
 impl Round {
     /// A round that never ran (every node `Pending`).
     pub(crate) fn none(nodes: usize, at: Instant) -> Self {
-        let outcomes = vec![NodeOutcome::Pending; nodes];
+        let outcomes = smallvec![NodeOutcome::Pending; nodes];
         Self {
             outcomes,
             settled: Settled::Failed(crate::error::ErrorKind::Shutdown),
@@ -178,7 +182,7 @@ pub(crate) async fn run<F>(
 where
     F: Future<Output = (usize, NodeOutcome)>,
 {
-    let outcomes = vec![NodeOutcome::Pending; requests.left];
+    let outcomes = smallvec![NodeOutcome::Pending; requests.left];
     run_until(requests, outcomes, started_at, |tally, _| settle(tally)).await
 }
 
@@ -186,7 +190,7 @@ where
 /// before the round (`Pending` for each node a request goes to).
 pub(crate) async fn run_until<F>(
     mut in_flight: Rest<F>,
-    mut outcomes: Vec<NodeOutcome>,
+    mut outcomes: Outcomes,
     started_at: Instant,
     decide: impl Fn(&Tally, &[NodeOutcome]) -> Option<Settled>,
 ) -> (Round, Rest<F>)

@@ -12,8 +12,6 @@ use tokio::sync::Notify;
 
 use crate::error::NodeOutcome;
 
-use super::undo::Pending;
-
 /// Settled once its request is over: answered, timed out, or dropped unsent. Waiting on it
 /// needs no timer and no particular runtime.
 #[derive(Debug, Default)]
@@ -159,13 +157,13 @@ impl SettleOnDrop {
         Self { slot, previous }
     }
 
-    /// Waits for the request this one follows and for the undos of `pending` on `node`:
-    /// once this returns, the request may go out.
-    pub(crate) async fn wait_turn(&mut self, pending: Option<&Pending>, node: usize) {
+    /// Waits for the request this one follows and for `after` (this client's undos in
+    /// flight on the node): once this returns, the request may go out.
+    pub(crate) async fn wait_turn(&mut self, after: &[Slot]) {
         if let Some(previous) = &self.previous {
             previous.settled().await;
         }
-        for slot in pending.into_iter().flat_map(|pending| pending.on(node)) {
+        for slot in after {
             slot.settled().await;
         }
         self.previous = None;
@@ -208,12 +206,11 @@ mod tests {
         drop(SettleOnDrop::new(second.clone(), Some(first.clone())));
         let mut third_request = SettleOnDrop::new(third, Some(second.clone()));
         assert!(!second.is_settled());
-        let waiting =
-            tokio::time::timeout(Duration::from_millis(50), third_request.wait_turn(None, 0));
+        let waiting = tokio::time::timeout(Duration::from_millis(50), third_request.wait_turn(&[]));
         assert!(waiting.await.is_err(), "went out before the first request was over");
         drop(first_request);
         assert!(second.is_settled());
-        third_request.wait_turn(None, 0).await;
+        third_request.wait_turn(&[]).await;
     }
 
     #[tokio::test]
@@ -222,7 +219,7 @@ mod tests {
         let first_request = SettleOnDrop::new(first.clone(), None);
         let mut second_request = SettleOnDrop::new(second.clone(), Some(first));
         drop(first_request);
-        second_request.wait_turn(None, 0).await;
+        second_request.wait_turn(&[]).await;
         drop(second_request);
         assert!(second.is_settled());
     }

@@ -7,24 +7,28 @@
 //! whose intent it withdraws.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use smallvec::SmallVec;
+
+use super::protocol::Keys;
 use super::slot::{Slot, Slots};
 
-/// Per key, the registrations of the undos that remove it.
-type Entries = HashMap<Arc<str>, Vec<Arc<Registration>>>;
+/// Per key, the registrations of the undos that remove it: most often one, kept in place.
+type Entries = HashMap<Arc<str>, SmallVec<[Registration; 1]>>;
 
-/// One round of undos for some keys: per node, the undo sent there (if any). Settled
-/// slots are skipped by readers, so a registration may outlive some of its undos.
+/// One round of undos, under each of its keys: per node, the undo sent there (if any).
+/// Settled slots are skipped by readers, so a registration may outlive some of its undos.
 #[derive(Debug)]
 struct Registration {
-    keys: Arc<[Arc<str>]>,
+    /// Which registration it is, for its removal.
+    id: u64,
     sent: Sent,
 }
 
 /// Per node, the undo of a round sent there, if any.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) enum Sent {
     /// One on every node: the round's own slots.
     Everywhere(Slots),
@@ -52,6 +56,8 @@ pub(crate) struct Undos {
     entries: Mutex<Entries>,
     /// How many registrations there are: lets the common case skip the lock.
     registered: AtomicUsize,
+    /// The next registration's id.
+    next_id: AtomicU64,
     /// Per node, how many undos left to the background failed there.
     failures: Box<[AtomicUsize]>,
 }
@@ -61,49 +67,55 @@ impl Undos {
         Arc::new(Self {
             entries: Mutex::default(),
             registered: AtomicUsize::new(0),
+            next_id: AtomicU64::new(0),
             failures: (0..nodes).map(|_| AtomicUsize::new(0)).collect(),
         })
     }
 
     /// Registers a round of undos for `keys` (per node, the undo sent there), until the
     /// returned guard drops.
-    pub(crate) fn track(self: &Arc<Self>, keys: &Arc<[Arc<str>]>, sent: Sent) -> Tracked {
-        let registration = Arc::new(Registration { keys: keys.clone(), sent });
+    pub(crate) fn track(self: &Arc<Self>, keys: &Keys, sent: Sent) -> Tracked {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut entries = self.lock();
-        for key in keys.iter() {
-            entries.entry(key.clone()).or_default().push(registration.clone());
+        if let Some((last, others)) = keys.split_last() {
+            for key in others {
+                let sent = sent.clone();
+                entries.entry(key.clone()).or_default().push(Registration { id, sent });
+            }
+            entries.entry(last.clone()).or_default().push(Registration { id, sent });
         }
         self.registered.fetch_add(1, Ordering::AcqRel);
-        Tracked { undos: self.clone(), registration }
+        Tracked { undos: self.clone(), id, keys: keys.clone() }
     }
 
     /// Registers one undo on `node` for `keys`, until the returned guard drops.
-    pub(crate) fn track_one(
-        self: &Arc<Self>,
-        node: usize,
-        keys: &Arc<[Arc<str>]>,
-        slot: &Slot,
-    ) -> Tracked {
+    pub(crate) fn track_one(self: &Arc<Self>, node: usize, keys: &Keys, slot: &Slot) -> Tracked {
         self.track(keys, Sent::One(node, slot.clone()))
     }
 
-    /// The undos still in flight for any of `keys`, with their nodes; `None` when there
-    /// are none (the common case, which allocates nothing).
-    pub(crate) fn pending(&self, keys: &[Arc<str>]) -> Option<Arc<Pending>> {
+    /// The undos still in flight for any of `keys`, with their nodes; empty in the common
+    /// case, which neither locks nor allocates.
+    pub(crate) fn pending(&self, keys: &[Arc<str>]) -> Pending {
         if self.registered.load(Ordering::Acquire) == 0 {
-            return None;
+            return Pending::default();
         }
         let entries = self.lock();
-        let registrations = keys.iter().filter_map(|key| entries.get(key)).flatten();
-        let mut pending = Vec::new();
-        for registration in registrations {
+        let registrations = || keys.iter().filter_map(|key| entries.get(key)).flatten();
+        // Counted first: a backlog (the client's own thread lagging) takes one allocation of
+        // the right size, not a list grown per undo.
+        let mut count = 0;
+        for registration in registrations() {
+            registration.sent.for_each(|_, slot| count += usize::from(!slot.is_settled()));
+        }
+        let mut pending = SmallVec::with_capacity(count);
+        for registration in registrations() {
             registration.sent.for_each(|i, slot| {
                 if !slot.is_settled() {
                     pending.push((i, slot.clone()));
                 }
             });
         }
-        (!pending.is_empty()).then(|| Arc::new(Pending(pending)))
+        Pending(pending)
     }
 
     /// Counts an undo left to the background that failed on `node`.
@@ -137,15 +149,21 @@ impl Undos {
     }
 }
 
-/// Undos in flight that new requests must wait for, each with its node; shared by a
-/// round's requests.
-#[derive(Debug)]
-pub(crate) struct Pending(Vec<(usize, Slot)>);
+/// Undos in flight that new requests must wait for, each with its node: inline for a
+/// few (most often one per node, the previous release still finishing).
+#[derive(Debug, Default)]
+pub(crate) struct Pending(SmallVec<[(usize, Slot); 7]>);
+
+/// What one request waits for on its node before it goes out.
+pub(crate) type After = SmallVec<[Slot; 2]>;
 
 impl Pending {
     /// Those on `node`.
-    pub(crate) fn on(&self, node: usize) -> impl Iterator<Item = &Slot> {
-        self.0.iter().filter(move |(i, _)| *i == node).map(|(_, slot)| slot)
+    pub(crate) fn on(&self, node: usize) -> After {
+        let on = || self.0.iter().filter(move |(i, _)| *i == node).map(|(_, slot)| slot.clone());
+        let mut after = After::with_capacity(on().count());
+        after.extend(on());
+        after
     }
 }
 
@@ -153,15 +171,16 @@ impl Pending {
 #[derive(Debug)]
 pub(crate) struct Tracked {
     undos: Arc<Undos>,
-    registration: Arc<Registration>,
+    id: u64,
+    keys: Keys,
 }
 
 impl Drop for Tracked {
     fn drop(&mut self) {
         let mut entries = self.undos.lock();
-        for key in self.registration.keys.iter() {
+        for key in &self.keys {
             if let Some(registrations) = entries.get_mut(key) {
-                let this = registrations.iter().position(|r| Arc::ptr_eq(r, &self.registration));
+                let this = registrations.iter().position(|r| r.id == self.id);
                 if let Some(at) = this {
                     registrations.swap_remove(at);
                 }
@@ -182,16 +201,16 @@ mod tests {
     #[test]
     fn undos_are_found_by_node_and_key_until_they_are_dropped() {
         let undos = Undos::new(2);
-        let keys: Arc<[Arc<str>]> = Arc::from(["a".into(), "b".into()]);
+        let keys: Keys = ["a".into(), "b".into()].into_iter().collect();
         let slot = Slot::new();
         let tracked = undos.track_one(0, &keys, &slot);
-        let pending = undos.pending(&["b".into()]).unwrap();
-        assert_eq!(pending.on(0).count(), 1);
-        assert_eq!(pending.on(1).count(), 0);
-        assert!(undos.pending(&["c".into()]).is_none());
+        let pending = undos.pending(&["b".into()]);
+        assert_eq!(pending.on(0).len(), 1);
+        assert_eq!(pending.on(1).len(), 0);
+        assert!(undos.pending(&["c".into()]).0.is_empty());
         assert_eq!(undos.in_flight(), [true, false]);
         drop(SettleOnDrop::new(slot, None));
-        assert!(undos.pending(&keys).is_none(), "settled undos are not waited for");
+        assert!(undos.pending(&keys).0.is_empty(), "settled undos are not waited for");
         assert_eq!(undos.in_flight(), [false, false]);
         drop(tracked);
         assert_eq!(undos.registered.load(Ordering::Acquire), 0);

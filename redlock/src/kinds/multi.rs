@@ -18,10 +18,10 @@ use std::sync::Arc;
 
 use redis::Value;
 
-use crate::command::{self, Command, Resend};
+use crate::command::{self, Arg, Command, Resend};
 use crate::config::{Config, Ttl};
 use crate::engine::protocol::{Identity, failed, script_answer};
-use crate::engine::{self, Answer, Op, Protocol};
+use crate::engine::{Answer, Op, Protocol};
 use crate::error::{Error, NodeOutcome, Result};
 use crate::guard::guard;
 use crate::node::Reply;
@@ -31,7 +31,6 @@ use crate::node::Reply;
 pub(crate) struct Set {
     resources: Arc<[String]>,
     keys: Arc<[Arc<str>]>,
-    channels: Arc<[Arc<str>]>,
     /// The names joined by `", "`, for errors and logs.
     label: Arc<str>,
 }
@@ -52,7 +51,6 @@ impl Set {
         }
         Ok(Self {
             resources: resources.iter().map(|r| (*r).to_owned()).collect(),
-            channels: keys.iter().map(|key| engine::channel(key)).collect(),
             keys: keys.into(),
             label: resources.join(", ").into(),
         })
@@ -73,7 +71,7 @@ pub(crate) struct Multi {
 impl Multi {
     /// A fresh acquisition of `set`, with a fresh token.
     pub(crate) fn new(set: Set, label: Option<&str>) -> Self {
-        let id = Identity::new("multi-resource lock", set.keys.clone(), label);
+        let id = Identity::new("multi-resource lock", set.keys.iter().cloned().collect(), label);
         Self { set, id }
     }
 }
@@ -90,11 +88,12 @@ impl Protocol for Multi {
     fn command(&self, op: Op, ttl: Ttl) -> Command {
         let token = self.id.token.as_bytes();
         let ms = ttl.ms().to_string();
-        let (script, args): (_, Vec<&[u8]>) = match op {
-            Op::Acquire => (&command::MULTI_ACQUIRE, vec![token, ms.as_bytes()]),
-            Op::Extend => (&command::MULTI_EXTEND, vec![token, ms.as_bytes()]),
+        let (token, ms) = (Arg::Bytes(token), Arg::Bytes(ms.as_bytes()));
+        let (script, args): (_, Vec<Arg<'_>>) = match op {
+            Op::Acquire => (&command::MULTI_ACQUIRE, vec![token, ms]),
+            Op::Extend => (&command::MULTI_EXTEND, vec![token, ms]),
             Op::Release | Op::CleanUp => {
-                let channels = self.set.channels.iter().map(|channel| channel.as_bytes());
+                let channels = self.set.keys.iter().map(|key| Arg::ReleaseChannel(key));
                 (&command::MULTI_RELEASE, std::iter::once(token).chain(channels).collect())
             }
             Op::Check => (&command::MULTI_CHECK, vec![token]),

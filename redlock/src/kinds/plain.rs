@@ -12,10 +12,10 @@ use std::sync::Arc;
 
 use redis::Value;
 
-use crate::command::{self, Command, Resend};
+use crate::command::{self, Arg, Command, Resend};
 use crate::config::Ttl;
 use crate::engine::protocol::{Identity, failed, script_answer};
-use crate::engine::{self, Answer, Op, Protocol};
+use crate::engine::{Answer, Op, Protocol};
 use crate::error::NodeOutcome;
 use crate::guard::guard;
 use crate::node::Reply;
@@ -24,14 +24,12 @@ use crate::node::Reply;
 #[derive(Debug)]
 pub(crate) struct Plain {
     id: Identity,
-    channel: Arc<str>,
 }
 
 impl Plain {
     /// A fresh acquisition of `key`, with a fresh token.
     pub(crate) fn new(key: Arc<str>, label: Option<&str>) -> Self {
-        let channel = engine::channel(&key);
-        Self { id: Identity::new("lock", Arc::from([key]), label), channel }
+        Self { id: Identity::new("lock", smallvec::smallvec![key], label) }
     }
 
     fn key(&self) -> &str {
@@ -62,7 +60,7 @@ impl Protocol for Plain {
                 Command::script(&command::EXTEND, &[key], &[token, ms.as_bytes()], Resend::Safe)
             }
             Op::Release | Op::CleanUp => {
-                let args = [token, self.channel.as_bytes()];
+                let args = [Arg::Bytes(token), Arg::ReleaseChannel(key)];
                 Command::script(&command::RELEASE, &[key], &args, Resend::Safe)
             }
             Op::Check => {

@@ -7,10 +7,10 @@ use std::sync::Arc;
 
 use redis::Value;
 
-use crate::command::{self, Command, Resend};
+use crate::command::{self, Arg, Command, Resend};
 use crate::config::Ttl;
 use crate::engine::protocol::{Identity, failed, script_answer};
-use crate::engine::{self, Answer, Op, Protocol};
+use crate::engine::{Answer, Op, Protocol};
 use crate::error::{Error, NodeOutcome, Result};
 use crate::guard::guard;
 use crate::node::Reply;
@@ -21,16 +21,14 @@ pub(crate) struct Reentrant {
     id: Identity,
     owner: Arc<str>,
     field: Arc<str>,
-    channel: Arc<str>,
 }
 
 impl Reentrant {
     /// A fresh hold of `key` for `owner`.
     pub(crate) fn new(key: Arc<str>, owner: Arc<str>, label: Option<&str>) -> Self {
-        let channel = engine::channel(&key);
-        let id = Identity::new("reentrant lock", Arc::from([key]), label);
+        let id = Identity::new("reentrant lock", smallvec::smallvec![key], label);
         let field = format!("h:{}:{owner}", id.token).into();
-        Self { id, owner, field, channel }
+        Self { id, owner, field }
     }
 
     /// Checks an owner id.
@@ -58,12 +56,14 @@ impl Protocol for Reentrant {
     fn command(&self, op: Op, ttl: Ttl) -> Command {
         let (keys, field) = ([&*self.id.keys[0]], self.field.as_bytes());
         let ms = ttl.ms().to_string();
-        let (script, args): (_, Vec<&[u8]>) = match op {
-            Op::Acquire => (&command::REENTRANT_ACQUIRE, vec![field, ms.as_bytes()]),
-            Op::Extend => (&command::REENTRANT_EXTEND, vec![field, ms.as_bytes()]),
-            Op::Release | Op::CleanUp => {
-                (&command::REENTRANT_RELEASE, vec![field, self.channel.as_bytes(), b""])
-            }
+        let (field, ms) = (Arg::Bytes(field), Arg::Bytes(ms.as_bytes()));
+        let (script, args): (_, Vec<Arg<'_>>) = match op {
+            Op::Acquire => (&command::REENTRANT_ACQUIRE, vec![field, ms]),
+            Op::Extend => (&command::REENTRANT_EXTEND, vec![field, ms]),
+            Op::Release | Op::CleanUp => (
+                &command::REENTRANT_RELEASE,
+                vec![field, Arg::ReleaseChannel(keys[0]), Arg::Bytes(b"")],
+            ),
             Op::Check => (&command::REENTRANT_CHECK, vec![field]),
         };
         Command::script(script, &keys, &args, Resend::Safe)

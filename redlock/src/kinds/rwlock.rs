@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use redis::Value;
 
-use crate::command::{self, Command, Resend};
+use crate::command::{self, Arg, Command, Resend};
 use crate::config::{Config, Ttl};
 use crate::engine::protocol::{Identity, failed, script_answer};
-use crate::engine::{self, Answer, Op, Protocol};
+use crate::engine::{Answer, Op, Protocol};
 use crate::error::NodeOutcome;
 use crate::guard::guard;
 use crate::node::Reply;
@@ -61,8 +61,7 @@ impl Intent {
 
     /// The command that withdraws this intent from a node (a writer that gave up).
     pub(crate) fn withdrawal(&self, key: &str) -> Command {
-        let channel = engine::channel(key);
-        let args: [&[u8]; 3] = [b"", channel.as_bytes(), self.field.as_bytes()];
+        let args = [Arg::Bytes(b""), Arg::ReleaseChannel(key), Arg::Bytes(self.field.as_bytes())];
         Command::script(&command::RW_RELEASE, &[key], &args, Resend::Safe)
     }
 }
@@ -73,7 +72,6 @@ pub(crate) struct Share {
     id: Identity,
     mode: Mode,
     field: Arc<str>,
-    channel: Arc<str>,
     intent: Option<Intent>,
 }
 
@@ -89,10 +87,9 @@ impl Share {
             Mode::Read => ("read lock", "r:"),
             Mode::Write => ("write lock", "w:"),
         };
-        let channel = engine::channel(&key);
-        let id = Identity::new(kind, Arc::from([key]), label);
+        let id = Identity::new(kind, smallvec::smallvec![key], label);
         let field = format!("{prefix}{}", id.token).into();
-        Self { id, mode, field, channel, intent }
+        Self { id, mode, field, intent }
     }
 
     pub(crate) fn field(&self) -> &str {
@@ -114,20 +111,21 @@ impl Protocol for Share {
         let ms = ttl.ms().to_string();
         let intent_ms = self.intent.as_ref().map_or(0, |intent| intent.ms).to_string();
         let intent = self.intent.as_ref().map_or(&b""[..], |intent| intent.field.as_bytes());
-        let (script, args): (_, Vec<&[u8]>) = match (op, self.mode) {
-            (Op::Acquire, Mode::Read) => (&command::RW_READ_ACQUIRE, vec![field, ms.as_bytes()]),
+        let (field, ms, intent) =
+            (Arg::Bytes(field), Arg::Bytes(ms.as_bytes()), Arg::Bytes(intent));
+        let channel = Arg::ReleaseChannel(keys[0]);
+        let (script, args): (_, Vec<Arg<'_>>) = match (op, self.mode) {
+            (Op::Acquire, Mode::Read) => (&command::RW_READ_ACQUIRE, vec![field, ms]),
             (Op::Acquire, Mode::Write) => (
                 &command::RW_WRITE_ACQUIRE,
-                vec![field, ms.as_bytes(), intent, intent_ms.as_bytes()],
+                vec![field, ms, intent, Arg::Bytes(intent_ms.as_bytes())],
             ),
-            (Op::Extend, _) => (&command::RW_EXTEND, vec![field, ms.as_bytes()]),
+            (Op::Extend, _) => (&command::RW_EXTEND, vec![field, ms]),
             // Given up for good: the intent goes too (where it lingers, on the nodes that
             // refused us).
-            (Op::Release, _) => {
-                (&command::RW_RELEASE, vec![field, self.channel.as_bytes(), intent])
-            }
+            (Op::Release, _) => (&command::RW_RELEASE, vec![field, channel, intent]),
             // A failed attempt of a writer that keeps waiting keeps its intent.
-            (Op::CleanUp, _) => (&command::RW_RELEASE, vec![field, self.channel.as_bytes(), b""]),
+            (Op::CleanUp, _) => (&command::RW_RELEASE, vec![field, channel, Arg::Bytes(b"")]),
             (Op::Check, _) => (&command::RW_CHECK, vec![field]),
         };
         Command::script(script, &keys, &args, Resend::Safe)

@@ -198,6 +198,55 @@ mod tests {
     use super::*;
     use crate::engine::slot::SettleOnDrop;
 
+    fn keys(names: &[&str]) -> Keys {
+        names.iter().map(|k| Arc::<str>::from(*k)).collect()
+    }
+
+    fn nodes(pending: &Pending) -> Vec<usize> {
+        let mut nodes: Vec<usize> = pending.0.iter().map(|(i, _)| *i).collect();
+        nodes.sort();
+        nodes
+    }
+
+    /// Registrations of one key by a multi lock (two keys), a lone undo and a registration
+    /// naming the key twice: each is removed by its own id, under every key it named, and
+    /// a key with none left is gone.
+    #[test]
+    fn registrations_are_removed_by_their_own_id_only() {
+        let undos = Undos::new(3);
+        let multi = undos.track(&keys(&["a", "b"]), Sent::Everywhere(Slots::new(3)));
+        let lone = Slot::new();
+        let one = undos.track_one(2, &keys(&["b"]), &lone);
+        let tails: Box<[Option<Slot>]> = vec![None, Some(Slot::new()), None].into();
+        let repeated = undos.track(&keys(&["c", "b", "c"]), Sent::Some(tails));
+        assert_eq!(nodes(&undos.pending(&keys(&["a"]))), vec![0, 1, 2]);
+        assert_eq!(nodes(&undos.pending(&keys(&["b"]))), vec![0, 1, 1, 2, 2]);
+        assert_eq!(nodes(&undos.pending(&keys(&["c"]))), vec![1, 1]);
+        assert_eq!(undos.pending(&keys(&["b"])).on(2).len(), 2);
+
+        drop(multi);
+        assert!(undos.pending(&keys(&["a"])).0.is_empty());
+        assert!(!undos.lock().contains_key("a"));
+        assert_eq!(nodes(&undos.pending(&keys(&["b"]))), vec![1, 2]);
+        drop(repeated);
+        assert!(!undos.lock().contains_key("c"));
+        assert_eq!(nodes(&undos.pending(&keys(&["b"]))), vec![2]);
+        let again = undos.track(&keys(&["b"]), Sent::Everywhere(Slots::new(3)));
+        drop(one);
+        assert_eq!(nodes(&undos.pending(&keys(&["b"]))), vec![0, 1, 2]);
+        drop(again);
+        assert!(undos.lock().is_empty());
+        assert_eq!(undos.registered.load(Ordering::Acquire), 0);
+
+        // A slot shared under two keys settles under both.
+        let slots = Slots::new(3);
+        let both = undos.track(&keys(&["x", "y"]), Sent::Everywhere(slots.clone()));
+        drop(SettleOnDrop::new(slots.get(1), None));
+        assert_eq!(nodes(&undos.pending(&keys(&["y"]))), vec![0, 2]);
+        assert_eq!(nodes(&undos.pending(&keys(&["x"]))), vec![0, 2]);
+        drop(both);
+    }
+
     #[test]
     fn undos_are_found_by_node_and_key_until_they_are_dropped() {
         let undos = Undos::new(2);

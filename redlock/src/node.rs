@@ -29,6 +29,9 @@ use crate::tasks::Tasks;
 pub(crate) enum Failure {
     /// No connection could be used, or it dropped before the reply.
     Unreachable(Arc<str>),
+    /// The node refused the connection: no process listens there, and what it had not
+    /// run is gone with it.
+    Refused(Arc<str>),
     /// Opening a connection took longer than the connect timeout: like a request that
     /// timed out, the node may be hung with something sent to it before still to run.
     ConnectTimedOut,
@@ -53,7 +56,7 @@ impl Failure {
             Self::Server { code, message } => {
                 &**code == "WRONGTYPE" || message.contains("WRONGTYPE")
             }
-            Self::Unreachable(_) | Self::ConnectTimedOut => false,
+            Self::Unreachable(_) | Self::Refused(_) | Self::ConnectTimedOut => false,
         }
     }
 
@@ -65,7 +68,7 @@ impl Failure {
     pub(crate) fn outcome(&self) -> NodeOutcome {
         match self {
             _ if self.is_wrong_type() => NodeOutcome::WrongType,
-            Self::Unreachable(why) => NodeOutcome::Unreachable(why.clone()),
+            Self::Unreachable(why) | Self::Refused(why) => NodeOutcome::Unreachable(why.clone()),
             Self::ConnectTimedOut => NodeOutcome::TimedOut,
             Self::Server { message, .. } => NodeOutcome::Failed(message.clone()),
         }
@@ -79,6 +82,15 @@ pub(crate) struct Reply {
     /// The command went out a second time on a new connection, because the first one
     /// dropped before the reply: it may have run twice (only [`Resend::Safe`] commands).
     pub(crate) resent: bool,
+}
+
+impl Reply {
+    /// Whether the node could not be reached for a reason that rarely lasts: a connection
+    /// that broke (with the command perhaps sent) or could not be opened. Not a refused
+    /// connection (nothing listens there), a timeout (the node may be hung) or a reply.
+    pub(crate) fn is_lost(&self) -> bool {
+        matches!(self.value, Err(Failure::Unreachable(_)))
+    }
 }
 
 /// Requests one connection may have queued and not yet written (redis-rs defaults to 50).
@@ -358,6 +370,8 @@ async fn open(
     let unreachable = |err: RedisError| {
         if err.is_timeout() {
             Failure::ConnectTimedOut
+        } else if err.is_connection_refusal() {
+            Failure::Refused(err.to_string().into())
         } else {
             Failure::Unreachable(err.to_string().into())
         }

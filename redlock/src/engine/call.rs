@@ -8,14 +8,19 @@
 //!   counts against it too (it is worthless once the round is over), an undo's does not
 //!   (an undo whose clock ran while it waited could time out before it is even queued);
 //! - whatever happens to it (answered, timed out, dropped unsent), its slot settles, so
-//!   that nothing waits for it forever.
+//!   that nothing waits for it forever;
+//! - an undo lost with a connection that broke, or that could not be opened (a reset, not
+//!   a refusal or a timeout), is sent again on a new one, a few times after short pauses,
+//!   before its slot settles: it is safe to repeat, and without this a reset leaves the
+//!   key for a whole lease (the background retries only undos that timed out).
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
-use crate::command::Command;
+use crate::command::{Command, Resend};
 use crate::error::NodeOutcome;
-use crate::node::Reply;
+use crate::node::{Node, Reply};
 use crate::telemetry;
 
 use super::Core;
@@ -70,7 +75,14 @@ impl NodeCall {
                 turn.wait_turn(&after).await;
                 tokio::time::timeout(timeout, node.send(&command)).await
             };
-            let Ok(reply) = reply else {
+            let reply = match reply {
+                Ok(reply) if reply.is_lost() && op.is_undo() => {
+                    // Rare: boxed, so that every request's future stays small.
+                    Box::pin(undo_again(&node, &command, timeout, reply)).await
+                }
+                reply => reply.ok(),
+            };
+            let Some(reply) = reply else {
                 telemetry::node_request(node.name(), op.as_str(), "timed_out", started);
                 return (i, NodeOutcome::TimedOut);
             };
@@ -90,6 +102,36 @@ impl NodeCall {
             (i, answer.outcome)
         }
     }
+}
+
+/// Pauses before a lost undo goes out again: the first is short (a reset connection is
+/// usually replaced at once), the last lets a node that resets every connection for a
+/// moment recover.
+const UNDO_AGAIN: [Duration; 3] =
+    [Duration::from_millis(10), Duration::from_millis(50), Duration::from_millis(200)];
+
+/// Sends a lost undo (`first`) again until it is no longer lost (answered, refused), the
+/// pauses run out, or a try times out (`None`). The reply is marked re-sent: the undo may
+/// have run before, and its "absent" then means done.
+async fn undo_again(
+    node: &Node,
+    command: &Command,
+    timeout: Duration,
+    first: Reply,
+) -> Option<Reply> {
+    if command.resend() != Resend::Safe {
+        return Some(first);
+    }
+    let mut reply = first;
+    for pause in UNDO_AGAIN {
+        tokio::time::sleep(pause).await;
+        let again = tokio::time::timeout(timeout, node.send(command)).await.ok()?;
+        reply = Reply { resent: true, ..again };
+        if !reply.is_lost() {
+            break;
+        }
+    }
+    Some(reply)
 }
 
 impl Op {

@@ -1,0 +1,123 @@
+//! An undo lost with a connection that broke after it went out is sent again on a new one
+//! (a few times, after short pauses): a reset connection does not leave a released key, or
+//! a failed attempt's, for a whole lease. Only a timed-out undo is retried in the
+//! background; this is the call's own retry (`engine/call.rs`).
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redlock_testkit::{FaultyCluster, NetFault};
+
+const LEASE: Duration = Duration::from_secs(10);
+
+/// Node 4 resets every connection while the release goes out, then heals at once: the
+/// release's first send (on the open connection) and its re-send (a new connection) are
+/// lost; a later try on a healed connection removes the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_lost_with_its_connection_is_sent_again() {
+    let faulty = FaultyCluster::start(5).unwrap();
+    let rl =
+        common::builder_for(faulty.urls(), Duration::from_millis(250)).ttl(LEASE).build().unwrap();
+    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    for round in 0..3 {
+        let key = format!("reset:{round}");
+        let lock = rl.try_lock(&key).await.unwrap();
+        // Granted at the quorum: the rest of its requests may still be on their way.
+        let everywhere = || faulty.cluster().nodes_holding(&key, lock.token()).len() == 5;
+        assert!(common::eventually(Duration::from_secs(2), everywhere).await);
+        faulty.proxy(4).set_fault(NetFault::Reset);
+        lock.release().await.unwrap();
+        faulty.proxy(4).heal();
+        let gone = || faulty.cluster().count_key(&key) == 0;
+        assert!(
+            common::eventually(Duration::from_secs(2), gone).await,
+            "round {round}: the released key stays on nodes {:?} (pttl {} ms on node 4)",
+            (0..5)
+                .filter(|&i| faulty.cluster().node(i).get(&key).unwrap().is_some())
+                .collect::<Vec<_>>(),
+            faulty.cluster().node(4).pttl(&key).unwrap()
+        );
+    }
+}
+
+/// Heals node 4's proxy `ms` from now, from another thread.
+fn heal_after(faulty: &Arc<FaultyCluster>, ms: u64) -> std::thread::JoinHandle<()> {
+    let faulty = faulty.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(ms));
+        faulty.proxy(4).heal();
+    })
+}
+
+/// Two releases meet one reset: one finds the connection broken, the other finds it
+/// gone and cannot open a new one. Both are sent again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_releases_in_one_reset_are_both_sent_again() {
+    let faulty = Arc::new(FaultyCluster::start(5).unwrap());
+    let rl =
+        common::builder_for(faulty.urls(), Duration::from_millis(250)).ttl(LEASE).build().unwrap();
+    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    for round in 0..3 {
+        let (ka, kb) = (format!("a:{round}"), format!("b:{round}"));
+        let a = rl.try_lock(&ka).await.unwrap();
+        let b = rl.try_lock(&kb).await.unwrap();
+        faulty.proxy(4).set_fault(NetFault::Reset);
+        let healer = heal_after(&faulty, 30);
+        let (ra, rb) = tokio::join!(a.release(), b.release());
+        ra.unwrap();
+        rb.unwrap();
+        healer.join().unwrap();
+        let gone = || faulty.cluster().count_key(&ka) == 0 && faulty.cluster().count_key(&kb) == 0;
+        assert!(
+            common::eventually(Duration::from_secs(2), gone).await,
+            "round {round}: a key is left"
+        );
+    }
+}
+
+/// The runtime that released ends while node 4's release waits to be sent again: the
+/// client's own thread takes it over, and sends it again too.
+#[test]
+fn a_release_handed_over_mid_retry_is_sent_again() {
+    let faulty = Arc::new(FaultyCluster::start(5).unwrap());
+    let rl =
+        common::builder_for(faulty.urls(), Duration::from_millis(250)).ttl(LEASE).build().unwrap();
+    let client = rl.clone();
+    let lock = common::on_short_runtime(async move {
+        client.try_lock("warm").await.unwrap().release().await.unwrap();
+        client.try_lock("handed").await.unwrap()
+    });
+    faulty.proxy(4).set_fault(NetFault::Reset);
+    let healer = heal_after(&faulty, 40);
+    common::on_short_runtime(async move { lock.release().await.unwrap() });
+    healer.join().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while faulty.cluster().count_key("handed") != 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        faulty.cluster().count_key("handed"),
+        0,
+        "key left on node 4, pttl {} ms",
+        faulty.cluster().node(4).pttl("handed").unwrap()
+    );
+}
+
+/// A refused connection is not a lost undo: nothing listens there, so a release on dead
+/// nodes is not sent again (which would hold the release up by the pauses, 260 ms).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_on_dead_nodes_is_not_sent_again() {
+    let mut cluster = common::cluster(3);
+    let rl = common::builder(&cluster, Duration::from_millis(250)).build().unwrap();
+    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    let lock = rl.try_lock("dead").await.unwrap();
+    cluster.node_mut(1).kill().unwrap();
+    cluster.node_mut(2).kill().unwrap();
+    let started = Instant::now();
+    let err = lock.release().await.unwrap_err();
+    let took = started.elapsed();
+    assert!(took < Duration::from_millis(250), "a release on dead nodes took {took:?}: {err}");
+    assert_eq!(cluster.count_key("dead"), 0, "the live node's release ran");
+}

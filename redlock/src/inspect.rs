@@ -92,8 +92,14 @@ impl Redlock {
     pub async fn force_release(&self, resource: &str) -> Result<usize> {
         let key = self.core.config.key(resource)?;
         let channel = crate::engine::channel(&key);
-        let command =
-            Command::script(&command::FORCE_RELEASE, &[&*key], &[channel.as_bytes()], Resend::Safe);
+        // Never re-sent: an unconditional delete that ran before its connection dropped
+        // would, sent again, delete the hold of whoever took the lock in between.
+        let command = Command::script(
+            &command::FORCE_RELEASE,
+            &[&*key],
+            &[channel.as_bytes()],
+            Resend::Never,
+        );
         let mut answered = 0;
         for node in self.core.nodes.iter() {
             let sent = tokio::time::timeout(self.core.config.node_timeout, node.send(&command));

@@ -79,9 +79,13 @@ impl Failure {
 #[derive(Debug)]
 pub(crate) struct Reply {
     pub(crate) value: Result<Value, Failure>,
-    /// The command went out a second time on a new connection, because the first one
-    /// dropped before the reply: it may have run twice (only [`Resend::Safe`] commands).
+    /// An earlier send of the command was written on a connection that dropped before its
+    /// reply, and this one went out again: it may have run twice (only [`Resend::Safe`]
+    /// commands), so "nothing to remove" may mean that the earlier send removed it.
     pub(crate) resent: bool,
+    /// This send was handed to a connection: it may have run even if its reply is lost.
+    /// `false` when no connection could be had (nothing left the client).
+    pub(crate) written: bool,
 }
 
 impl Reply {
@@ -227,15 +231,17 @@ impl Node {
             Some(handle) => handle,
             None => match Box::pin(self.connection()).await {
                 Ok(handle) => handle,
-                Err(failure) => return Reply { value: Err(failure), resent: false },
+                Err(failure) => {
+                    return Reply { value: Err(failure), resent: false, written: false };
+                }
             },
         };
         let stale = match self.send_on(first, cmd).await {
-            Sent::Reply(value) => return Reply { value, resent: false },
+            Sent::Reply(value) => return Reply { value, resent: false, written: true },
             Sent::Stale(failure) => failure,
         };
         if resend == Resend::Never {
-            return Reply { value: Err(stale), resent: false };
+            return Reply { value: Err(stale), resent: false, written: true };
         }
         Box::pin(self.resend(cmd)).await
     }
@@ -244,14 +250,14 @@ impl Node {
     /// have died since (a node restart), and one retry spares the caller a spurious
     /// failure.
     async fn resend(&self, cmd: &Cmd) -> Reply {
-        let value = match self.connection().await {
+        let (value, written) = match self.connection().await {
             Ok(handle) => match self.send_on(handle, cmd).await {
-                Sent::Reply(value) => value,
-                Sent::Stale(failure) => Err(failure),
+                Sent::Reply(value) => (value, true),
+                Sent::Stale(failure) => (Err(failure), true),
             },
-            Err(failure) => Err(failure),
+            Err(failure) => (Err(failure), false),
         };
-        Reply { value, resent: true }
+        Reply { value, resent: true, written }
     }
 
     async fn send_on(&self, mut handle: Handle, cmd: &Cmd) -> Sent {

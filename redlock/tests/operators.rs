@@ -85,3 +85,27 @@ async fn an_owner_label_is_shown_with_the_token_and_changes_nothing_else() {
     let bad = common::builder(&cluster, Duration::from_millis(200)).owner_label("a:b").build();
     assert_eq!(bad.unwrap_err().kind(), ErrorKind::Config);
 }
+
+/// A forced release is an unconditional delete: one that ran before its connection dropped
+/// would, sent again, delete the hold of whoever took the lock in between. So it is never
+/// re-sent: a node whose cached connection turned out broken is reported as not answered,
+/// and the next call, on a new connection, reaches it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_release_is_not_sent_again_on_a_new_connection() {
+    let faulty = redlock_testkit::FaultyCluster::start(3).unwrap();
+    let admin = common::builder_for(faulty.urls(), Duration::from_millis(250)).build().unwrap();
+    assert_eq!(admin.force_release("warm").await.unwrap(), 3, "connections opened");
+    let holder = common::builder_for(faulty.urls(), Duration::from_millis(250)).build().unwrap();
+    let lock = holder.try_lock("job").await.unwrap();
+    assert!(
+        common::eventually(Duration::from_secs(1), || faulty.cluster().count_key("job") == 3).await
+    );
+    // The admin's idle connection to node 0 is closed under it.
+    faulty.proxy(0).set_fault(redlock_testkit::NetFault::Reset);
+    faulty.proxy(0).heal();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(admin.force_release("job").await.unwrap(), 2, "node 0's delete was not re-sent");
+    assert_eq!(admin.force_release("job").await.unwrap(), 3, "a new connection reaches node 0");
+    assert_eq!(faulty.cluster().count_key("job"), 0);
+    drop(lock);
+}

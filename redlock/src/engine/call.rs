@@ -111,8 +111,9 @@ const UNDO_AGAIN: [Duration; 3] =
     [Duration::from_millis(10), Duration::from_millis(50), Duration::from_millis(200)];
 
 /// Sends a lost undo (`first`) again until it is no longer lost (answered, refused), the
-/// pauses run out, or a try times out (`None`). The reply is marked re-sent: the undo may
-/// have run before, and its "absent" then means done.
+/// pauses run out, or a try times out (`None`). The reply is marked re-sent once a try
+/// was written on a connection that broke: that try may have run, and "absent" then
+/// means done. A try that found no connection sent nothing, so its "absent" means absent.
 async fn undo_again(
     node: &Node,
     command: &Command,
@@ -122,11 +123,14 @@ async fn undo_again(
     if command.resend() != Resend::Safe {
         return Some(first);
     }
+    let mut may_have_run = first.resent || first.written;
     let mut reply = first;
     for pause in UNDO_AGAIN {
         tokio::time::sleep(pause).await;
         let again = tokio::time::timeout(timeout, node.send(command)).await.ok()?;
-        reply = Reply { resent: true, ..again };
+        let resent = may_have_run || again.resent;
+        may_have_run = resent || again.written;
+        reply = Reply { resent, ..again };
         if !reply.is_lost() {
             break;
         }

@@ -146,7 +146,7 @@ pub(crate) mod testing {
     use super::*;
 
     pub(crate) fn reply(value: Value) -> Reply {
-        Reply { value: Ok(value), resent: false }
+        Reply { value: Ok(value), resent: false, written: true }
     }
 
     pub(crate) fn error(code: &str) -> Reply {
@@ -154,6 +154,6 @@ pub(crate) mod testing {
             code: code.into(),
             message: format!("{code} test").into(),
         };
-        Reply { value: Err(failure), resent: false }
+        Reply { value: Err(failure), resent: false, written: true }
     }
 }

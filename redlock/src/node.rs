@@ -129,6 +129,10 @@ pub(crate) struct Node {
     quarantined_until: Arc<Mutex<Option<Instant>>>,
     /// Whether a refused release notification was already reported.
     notify_refused: AtomicBool,
+    /// Whether the node's last answer timed out, or came only after a wait for a round's
+    /// stragglers that counted on it (see `round::run`): a slow or hung node is not waited
+    /// for again until it answers in time.
+    late: AtomicBool,
     /// The server processes the client's nodes reached, shared by all of them.
     servers: Arc<server::Servers>,
 }
@@ -158,6 +162,7 @@ impl Node {
             quarantine,
             quarantined_until: Arc::default(),
             notify_refused: AtomicBool::new(false),
+            late: AtomicBool::new(false),
             servers,
         }
     }
@@ -194,6 +199,20 @@ impl Node {
     /// `host:port/db`, the identity used in reports (never a password).
     pub(crate) fn name(&self) -> &Arc<str> {
         &self.name
+    }
+
+    /// Whether the node timed out, or missed the last wait for stragglers that counted on
+    /// it, and has not answered in time since.
+    pub(crate) fn is_late(&self) -> bool {
+        self.late.load(Ordering::Relaxed)
+    }
+
+    /// Records whether the node answered a round in time (written only on a change: every
+    /// round of every task reads it).
+    pub(crate) fn set_late(&self, late: bool) {
+        if self.is_late() != late {
+            self.late.store(late, Ordering::Relaxed);
+        }
     }
 
     /// Reports, once per node, that the node refused to publish a release notification.

@@ -124,18 +124,33 @@ pub(crate) type Nodes = SmallVec<[usize; 7]>;
 /// Per node, a connection generation, inline for up to seven nodes.
 pub(crate) type Generations = SmallVec<[u64; 7]>;
 
+/// Answers a round took itself that the background must still handle: each is sent
+/// again or reported as if the background had taken it.
+pub(crate) type Taken = SmallVec<[(usize, NodeOutcome); 7]>;
+
 /// Finishes `rest`, the undos still in flight on the nodes `pending`, in the background;
-/// `tracked` is their registration, if any.
+/// `taken` are answers of the round that it must handle as its own (see [`Taken`]);
+/// `tracked` is the undos' registration, if any.
 pub(crate) fn finish<F, M: Remake>(
     undos: Undos<M>,
     rest: Rest<F>,
-    pending: Nodes,
+    mut pending: Nodes,
+    taken: Taken,
     tracked: Option<Tracked>,
     place: Place,
 ) where
     F: Future<Output = (usize, NodeOutcome)> + Send + 'static,
 {
-    if rest.is_empty() {
+    // Made on the first retry: most rounds never need one.
+    let mut retries: Option<Retries> = None;
+    for (i, outcome) in taken {
+        if undos.sends_again(i, &outcome, &mut retries) {
+            pending.push(i);
+        } else {
+            report(&undos, i, &outcome);
+        }
+    }
+    if rest.is_empty() && retries.is_none() {
         return;
     }
     let tasks = undos.core.tasks.clone();
@@ -148,16 +163,10 @@ pub(crate) fn finish<F, M: Remake>(
         _tracked: tracked,
     };
     let task = async move {
-        // Made on the first retry: most rests never need one.
-        let mut retries: Option<Retries> = None;
         let mut rest = rest;
         while let Some((i, outcome)) = next(&mut rest, &mut retries).await {
-            let reconnected = undos.core.nodes[i].generation() != undos.generations[i];
-            if outcome == NodeOutcome::TimedOut && reconnected {
-                let retries = retries.get_or_insert_with(|| Retries::new(undos.core.nodes.len()));
-                if retries.again(i, &undos) {
-                    continue;
-                }
+            if undos.sends_again(i, &outcome, &mut retries) {
+                continue;
             }
             unfinished.left.retain(|node| *node != i);
             report(&undos, i, &outcome);
@@ -167,6 +176,22 @@ pub(crate) fn finish<F, M: Remake>(
     match place {
         Place::Caller => tasks.spawn(task),
         Place::Own => drop(tasks.spawn_own(task)),
+    }
+}
+
+impl<M: Remake> Undos<M> {
+    /// Whether node `i`'s connection was replaced since the first request these undos
+    /// undo was made: an undo that timed out may then have been lost with it.
+    pub(crate) fn reconnected(&self, i: usize) -> bool {
+        self.core.nodes[i].generation() != self.generations[i]
+    }
+
+    /// Sends node `i`'s undo again if it timed out after a reconnect (see the module's
+    /// rules); `false` if it is over.
+    fn sends_again(&self, i: usize, outcome: &NodeOutcome, retries: &mut Option<Retries>) -> bool {
+        *outcome == NodeOutcome::TimedOut
+            && self.reconnected(i)
+            && retries.get_or_insert_with(|| Retries::new(self.core.nodes.len())).again(i, self)
     }
 }
 
@@ -262,6 +287,6 @@ impl<M: Remake> Drop for Unfinished<M> {
             &slots,
             left.iter().map(|&i| remake(i, slots.get(i), Some(self.slots.get(i)))),
         );
-        finish(self.undos.clone(), requests, left, None, Place::Own);
+        finish(self.undos.clone(), requests, left, Taken::new(), None, Place::Own);
     }
 }

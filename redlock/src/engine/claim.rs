@@ -133,7 +133,8 @@ impl<P: Protocol> Claim<P> {
         );
         // Unanswered requests go on in the background: a lock held on more nodes than the
         // bare quorum survives more failures. Releases on their nodes wait for them.
-        let (round, rest) = round::run(requests, started_at, quorum::settle_acquire).await;
+        let (round, rest) =
+            round::run(requests, started_at, quorum::settle_acquire, &core.nodes).await;
         round::finish(&core.tasks, rest);
         let err = match round.settled {
             Settled::Reached if round.decided_at < claim.deadline => {
@@ -153,7 +154,7 @@ impl<P: Protocol> Claim<P> {
             Settled::Reached => Error::round(
                 ErrorKind::Expired,
                 format!(
-                    "a quorum took {:?}, which with the drift allowance of {:?} leaves nothing of a {:?} lease",
+                    "the round took {:?}, which with the drift allowance of {:?} leaves nothing of a {:?} lease",
                     round.elapsed(),
                     ttl.drift(),
                     ttl.duration()
@@ -241,7 +242,8 @@ impl<P: Protocol> Claim<P> {
         self.expires_by = self.expires_by.max(started_at + ttl.duration());
         let command = Arc::new(self.proto.command(Op::Extend, ttl));
         let requests = self.everywhere(Op::Extend, &command);
-        let (round, rest) = round::run(requests, started_at, quorum::settle_hold).await;
+        let (round, rest) =
+            round::run(requests, started_at, quorum::settle_hold, &self.core.nodes).await;
         // Unanswered extensions heal nodes that answer late, always ahead of a later
         // release (which waits for them).
         round::finish(&self.core.tasks, rest);
@@ -316,7 +318,8 @@ impl<P: Protocol> Claim<P> {
                 request.send(&self.core, move |reply| proto.answer(Op::Check, reply))
             }),
         );
-        let (round, rest) = round::run(requests, Instant::now(), quorum::settle_hold).await;
+        let (round, rest) =
+            round::run(requests, Instant::now(), quorum::settle_hold, &self.core.nodes).await;
         round::finish(&self.core.tasks, rest);
         match round.settled {
             Settled::Reached => Ok(true),
@@ -338,7 +341,8 @@ impl<P: Protocol> Claim<P> {
     ) {
         let requests = self.everywhere(op, command);
         let tracked = self.track(&requests);
-        let (round, rest) = round::run(requests, Instant::now(), quorum::settle_hold).await;
+        let (round, rest) =
+            round::run(requests, Instant::now(), quorum::settle_hold, &self.core.nodes).await;
         (round, rest, tracked)
     }
 
@@ -387,7 +391,17 @@ impl<P: Protocol> Claim<P> {
             resource: self.resource.clone(),
             generations: self.generations.clone(),
         };
-        background::finish(undos, rest, pending, Some(tracked), Place::Caller);
+        // What the round took itself and a task of the background would have handled:
+        // the answers that came while it waited for its stragglers, and timeouts after a
+        // reconnect, which are sent again whenever they came.
+        let taken: background::Taken = (round.outcomes.iter().enumerate())
+            .filter(|&(i, outcome)| {
+                round.lingered.contains(&i)
+                    || (*outcome == NodeOutcome::TimedOut && undos.reconnected(i))
+            })
+            .map(|(i, outcome)| (i, outcome.clone()))
+            .collect();
+        background::finish(undos, rest, pending, taken, Some(tracked), Place::Caller);
     }
 
     /// Makes `command` again for a node: for undos sent again from the background.

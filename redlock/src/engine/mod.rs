@@ -95,6 +95,7 @@ impl Core {
             settled: crate::quorum::Settled::Failed(ErrorKind::Shutdown),
             started_at: started,
             decided_at: std::time::Instant::now(),
+            lingered: Default::default(),
         };
         Err(crate::error::Error::client(ErrorKind::Shutdown, message, round.report(&self.nodes)))
     }
@@ -208,6 +209,7 @@ impl Drop for GiveUp<'_> {
             generations: self.generations.clone(),
         };
         let pending = (0..core.nodes.len()).collect();
-        background::finish(undos, requests, pending, Some(tracked), background::Place::Own);
+        let taken = background::Taken::new();
+        background::finish(undos, requests, pending, taken, Some(tracked), background::Place::Own);
     }
 }

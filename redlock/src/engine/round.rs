@@ -32,6 +32,10 @@ pub(crate) struct Round {
     pub(crate) started_at: Instant,
     /// When the round was decided: the end of the round for validity accounting.
     pub(crate) decided_at: Instant,
+    /// The nodes whose answer came only while the round waited for its stragglers after
+    /// the decision (see [`linger`]): answers a task of their own would otherwise have
+    /// taken, and which the background must still see (an undo's retries, its reports).
+    pub(crate) lingered: SmallVec<[usize; 7]>,
 }
 
 impl Round {
@@ -43,6 +47,7 @@ impl Round {
             settled: Settled::Failed(crate::error::ErrorKind::Shutdown),
             started_at: at,
             decided_at: at,
+            lingered: SmallVec::new(),
         }
     }
 
@@ -174,16 +179,85 @@ impl<F: Future<Output = (usize, NodeOutcome)>> Rest<F> {
 
 /// Runs `requests` (each answering for its node index) concurrently until `settle` decides
 /// the round; every node has a request. Returns the round and the requests still in flight.
+///
+/// Once decided, it waits a little for the stragglers (see [`linger`]) before the round is
+/// over: a rest that ends here needs no task of its own.
 pub(crate) async fn run<F>(
     requests: Rest<F>,
     started_at: Instant,
     settle: fn(&Tally) -> Option<Settled>,
+    nodes: &[Arc<Node>],
 ) -> (Round, Rest<F>)
 where
     F: Future<Output = (usize, NodeOutcome)>,
 {
     let outcomes = smallvec![NodeOutcome::Pending; requests.left];
-    run_until(requests, outcomes, started_at, |tally, _| settle(tally)).await
+    let (mut round, mut rest) =
+        run_until(requests, outcomes, started_at, |tally, _| settle(tally)).await;
+    linger(&mut round, &mut rest, nodes).await;
+    (round, rest)
+}
+
+/// The longest wait for a round's stragglers once it is decided.
+const LINGER_MAX: Duration = Duration::from_millis(2);
+
+/// Waits for the requests still in flight at the decision, at most as long again as the
+/// round took to decide (and [`LINGER_MAX`]), unless one of their nodes missed such a wait
+/// before and has not answered in time since: a slow or hung node is not waited for.
+///
+/// Healthy nodes answer within a moment of each other, and the stragglers polled here cost
+/// far less than a task of their own for them (half the client's CPU under load: see
+/// `benches/PROFILE.md`). The decision stands; the answers that arrive only complete the
+/// round's outcomes, and the round ends (`decided_at`, which validity counts to) after the
+/// wait.
+async fn linger<F>(round: &mut Round, rest: &mut Rest<F>, nodes: &[Arc<Node>])
+where
+    F: Future<Output = (usize, NodeOutcome)>,
+{
+    await_stragglers(round, rest, nodes, grace(round)).await;
+}
+
+/// How long [`linger`] waits: as long again as the round took to decide, capped.
+fn grace(round: &Round) -> Duration {
+    round.elapsed().min(LINGER_MAX)
+}
+
+/// [`linger`] with its wait given.
+async fn await_stragglers<F>(
+    round: &mut Round,
+    rest: &mut Rest<F>,
+    nodes: &[Arc<Node>],
+    grace: Duration,
+) where
+    F: Future<Output = (usize, NodeOutcome)>,
+{
+    let pending =
+        |outcomes: &[NodeOutcome], i: usize| outcomes.get(i) == Some(&NodeOutcome::Pending);
+    let waits = !rest.is_empty()
+        && (0..nodes.len()).all(|i| !pending(&round.outcomes, i) || !nodes[i].is_late());
+    if waits {
+        let grace = tokio::time::sleep(grace);
+        tokio::pin!(grace);
+        let answers = std::future::poll_fn(|cx| match rest.poll_next(cx) {
+            Poll::Ready(answer) => Poll::Ready(answer),
+            Poll::Pending => grace.as_mut().poll(cx).map(|()| None),
+        });
+        tokio::pin!(answers);
+        while let Some((i, outcome)) = answers.as_mut().await {
+            round.outcomes[i] = outcome;
+            round.lingered.push(i);
+        }
+        round.decided_at = Instant::now();
+    }
+    for (node, outcome) in nodes.iter().zip(&round.outcomes) {
+        match outcome {
+            // Still in flight after a wait, or over its node timeout: not waited for next.
+            NodeOutcome::Pending if waits => node.set_late(true),
+            NodeOutcome::TimedOut => node.set_late(true),
+            NodeOutcome::Pending => {}
+            _ => node.set_late(false),
+        }
+    }
 }
 
 /// Runs `requests` until `decide` settles the round; `outcomes` holds every node's outcome
@@ -215,7 +289,7 @@ where
     while let Some((i, outcome)) = in_flight.take_ready() {
         outcomes[i] = outcome;
     }
-    let round = Round { outcomes, settled, started_at, decided_at };
+    let round = Round { outcomes, settled, started_at, decided_at, lingered: SmallVec::new() };
     (round, in_flight)
 }
 
@@ -263,8 +337,13 @@ mod tests {
         let tasks = Tasks::default();
         let rounds = 100;
         for seed in 0..rounds {
-            let (round, rest) =
-                run(requests(n, seed, &answered), Instant::now(), quorum::settle_acquire).await;
+            let (round, rest) = run(
+                requests(n, seed, &answered),
+                Instant::now(),
+                quorum::settle_acquire,
+                &nodes(n),
+            )
+            .await;
             assert_eq!(round.settled, Settled::Reached);
             let answers = round.outcomes.iter().filter(|o| **o == NodeOutcome::Ok).count();
             assert!(answers >= quorum::quorum(n), "{answers} of {n}");
@@ -283,6 +362,120 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn more_requests_than_join_all_polls_in_place_are_handled_alike() {
         every_answer_arrives(41).await;
+    }
+
+    /// Nodes that are never connected to: `linger` only reads and sets their flags.
+    fn nodes(n: usize) -> Vec<Arc<Node>> {
+        (0..n)
+            .map(|i| {
+                let client = redis::Client::open(format!("redis://127.0.0.1:{}", 1 + i)).unwrap();
+                Arc::new(Node::new(
+                    client,
+                    Duration::from_millis(50),
+                    Duration::ZERO,
+                    Arc::default(),
+                    Arc::default(),
+                ))
+            })
+            .collect()
+    }
+
+    /// `n` requests; node `i` answers `Ok` after `delays[i]`, or never if `None`.
+    fn delayed(
+        delays: &[Option<u64>],
+    ) -> Rest<impl Future<Output = (usize, NodeOutcome)> + Send + 'static + use<>> {
+        let delays = delays.to_vec();
+        Rest::new(
+            &Slots::new(delays.len()),
+            delays.into_iter().enumerate().map(|(i, delay)| async move {
+                match delay {
+                    Some(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+                    None => std::future::pending().await,
+                }
+                (i, NodeOutcome::Ok)
+            }),
+        )
+    }
+
+    /// A round over `delays` (see [`delayed`]), decided at the quorum, then waiting up to
+    /// `grace` for the rest; with how long it took by Tokio's clock and the requests left.
+    async fn round_of(
+        delays: &[Option<u64>],
+        nodes: &[Arc<Node>],
+        grace: u64,
+    ) -> (Round, tokio::time::Duration, usize) {
+        let started = tokio::time::Instant::now();
+        let outcomes = smallvec![NodeOutcome::Pending; delays.len()];
+        let (mut round, mut rest) =
+            run_until(delayed(delays), outcomes, Instant::now(), |tally, _| {
+                quorum::settle_acquire(tally)
+            })
+            .await;
+        await_stragglers(&mut round, &mut rest, nodes, Duration::from_millis(grace)).await;
+        (round, started.elapsed(), rest.left)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stragglers_that_answer_within_the_wait_are_waited_for() {
+        let nodes = nodes(5);
+        // Decided at 4 ms (the third answer); the stragglers answer 1 and 3 ms later.
+        let (round, took, left) =
+            round_of(&[Some(1), Some(2), Some(4), Some(5), Some(7)], &nodes, 4).await;
+        assert_eq!(left, 0, "no request left for a task of its own");
+        assert!(round.outcomes.iter().all(|o| *o == NodeOutcome::Ok), "{:?}", round.outcomes);
+        assert_eq!(took, Duration::from_millis(7), "over with the last answer");
+        assert!(nodes.iter().all(|node| !node.is_late()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_wait_is_bounded_and_a_node_that_missed_it_is_not_waited_for_again() {
+        let nodes = nodes(5);
+        // Decided at 1 ms: node 3 answers within the 1 ms wait, node 4 does not.
+        let (round, took, left) =
+            round_of(&[Some(1), Some(1), Some(1), Some(2), Some(30)], &nodes, 1).await;
+        assert_eq!((left, took), (1, Duration::from_millis(2)));
+        assert_eq!(round.outcomes[3], NodeOutcome::Ok);
+        assert_eq!(round.outcomes[4], NodeOutcome::Pending);
+        assert!(nodes[4].is_late() && !nodes[3].is_late());
+        // Node 4 is late: the next round does not wait for it at all.
+        let (_, took, left) =
+            round_of(&[Some(1), Some(1), Some(1), Some(1), None], &nodes, 1).await;
+        assert_eq!((left, took), (1, Duration::from_millis(1)));
+        assert!(nodes[4].is_late(), "still late: it did not answer in time");
+        // It answers within a decision again: waited for once more.
+        let (_, _, left) =
+            round_of(&[Some(1), Some(1), Some(1), Some(1), Some(1)], &nodes, 1).await;
+        assert_eq!(left, 0);
+        assert!(!nodes[4].is_late());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_node_that_timed_out_is_not_waited_for() {
+        let nodes = nodes(5);
+        let slots = Slots::new(5);
+        let answers = [(1, NodeOutcome::Ok), (1, NodeOutcome::TimedOut), (2, NodeOutcome::Ok)];
+        let requests = Rest::new(
+            &slots,
+            answers.into_iter().enumerate().map(|(i, (ms, outcome))| async move {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                (i, outcome)
+            }),
+        );
+        let outcomes = smallvec![NodeOutcome::Pending; 3];
+        let (mut round, mut rest) =
+            run_until(requests, outcomes, Instant::now(), |tally, _| quorum::settle_acquire(tally))
+                .await;
+        await_stragglers(&mut round, &mut rest, &nodes[..3], Duration::from_millis(5)).await;
+        assert!(nodes[1].is_late(), "timed out: not answered in time");
+        assert!(!nodes[0].is_late() && !nodes[2].is_late());
+    }
+
+    #[test]
+    fn the_wait_is_the_decision_time_capped() {
+        let at = Instant::now();
+        let round = |ms| Round { decided_at: at + Duration::from_millis(ms), ..Round::none(3, at) };
+        assert_eq!(grace(&round(1)), Duration::from_millis(1));
+        assert_eq!(grace(&round(30)), LINGER_MAX);
     }
 
     #[tokio::test]

@@ -235,8 +235,12 @@ async fn await_stragglers<F>(
         |outcomes: &[NodeOutcome], i: usize| outcomes.get(i) == Some(&NodeOutcome::Pending);
     let waits = !rest.is_empty()
         && (0..nodes.len()).all(|i| !pending(&round.outcomes, i) || !nodes[i].is_late());
+    // Answers that came after the wait's end: the timer ticks by the millisecond, so a
+    // wait may outlast its grace; such a node is not waited for next time.
+    let mut overdue: SmallVec<[usize; 7]> = SmallVec::new();
     if waits {
-        let grace = tokio::time::sleep(grace);
+        let until = tokio::time::Instant::now() + grace;
+        let grace = tokio::time::sleep_until(until);
         tokio::pin!(grace);
         let answers = std::future::poll_fn(|cx| match rest.poll_next(cx) {
             Poll::Ready(answer) => Poll::Ready(answer),
@@ -244,18 +248,21 @@ async fn await_stragglers<F>(
         });
         tokio::pin!(answers);
         while let Some((i, outcome)) = answers.as_mut().await {
+            if tokio::time::Instant::now() > until {
+                overdue.push(i);
+            }
             round.outcomes[i] = outcome;
             round.lingered.push(i);
         }
         round.decided_at = Instant::now();
     }
-    for (node, outcome) in nodes.iter().zip(&round.outcomes) {
+    for (i, (node, outcome)) in nodes.iter().zip(&round.outcomes).enumerate() {
         match outcome {
             // Still in flight after a wait, or over its node timeout: not waited for next.
             NodeOutcome::Pending if waits => node.set_late(true),
             NodeOutcome::TimedOut => node.set_late(true),
             NodeOutcome::Pending => {}
-            _ => node.set_late(false),
+            _ => node.set_late(overdue.contains(&i)),
         }
     }
 }
@@ -468,6 +475,43 @@ mod tests {
         await_stragglers(&mut round, &mut rest, &nodes[..3], Duration::from_millis(5)).await;
         assert!(nodes[1].is_late(), "timed out: not answered in time");
         assert!(!nodes[0].is_late() && !nodes[2].is_late());
+    }
+
+    /// The timer ticks by the millisecond: a wait of a few microseconds lasts until the
+    /// next tick, and an answer that comes in that overshoot is taken, but its node counts
+    /// as late (the next round does not wait for it).
+    #[tokio::test]
+    async fn an_answer_after_the_grace_but_before_the_timer_fired_counts_as_late() {
+        let nodes = nodes(3);
+        let (send, answer) = tokio::sync::oneshot::channel::<()>();
+        let mut answer = Some(answer);
+        let slots = Slots::new(3);
+        let requests = Rest::new(
+            &slots,
+            (0..3).map(|i| {
+                let answer = if i == 2 { answer.take() } else { None };
+                async move {
+                    if let Some(answer) = answer {
+                        let _ = answer.await;
+                    }
+                    (i, NodeOutcome::Ok)
+                }
+                .boxed()
+            }),
+        );
+        let sender = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_micros(300));
+            let _ = send.send(());
+        });
+        let outcomes = smallvec![NodeOutcome::Pending; 3];
+        let (mut round, mut rest) =
+            run_until(requests, outcomes, Instant::now(), |tally, _| quorum::settle_acquire(tally))
+                .await;
+        await_stragglers(&mut round, &mut rest, &nodes, Duration::from_micros(50)).await;
+        sender.join().unwrap();
+        // Taken within the timer's tick, or left pending past it: late either way.
+        assert!(nodes[2].is_late(), "{:?}", round.outcomes);
+        assert!(!nodes[0].is_late() && !nodes[1].is_late());
     }
 
     #[test]

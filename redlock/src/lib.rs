@@ -38,7 +38,8 @@
 //! refused when too many said no or failed for a quorum to remain possible; slow nodes are
 //! not waited for: the answers still due are awaited for at most as long again as the
 //! decision took (2 ms at most, rounded up to the timer's millisecond tick), and not from a
-//! node that answered only after such a wait, or not at all, until it answers in time. A granted lock is valid for `ttl - elapsed - (ttl x drift_factor + 2 ms)`,
+//! node that answered only after such a wait, or not at all, for a second or until it
+//! answers in time. A granted lock is valid for `ttl - elapsed - (ttl x drift_factor + 2 ms)`,
 //! timed from the attempt's own start with a monotonic clock; a quorum that took the whole
 //! lease is refused ([`ErrorKind::Expired`]). A refused attempt releases its token on every
 //! node that may hold it, including nodes that never answered: the release is queued on the

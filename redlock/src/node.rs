@@ -10,7 +10,7 @@
 //! Requests carry no timer: callers bound them. Connections are opened by a task, so that a
 //! connect shared by callers on several runtimes never outlives the runtime polling it.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -97,6 +97,11 @@ impl Reply {
     }
 }
 
+/// How long a node that missed a wait for stragglers is not waited for (unless it answers
+/// in time before): a node that is slow for good costs one wait of at most 2 ms a second, a
+/// node that was slow once is waited for again within a second, whatever the rounds see.
+const LATE_FOR: Duration = Duration::from_secs(1);
+
 /// Requests one connection may have queued and not yet written (redis-rs defaults to 50).
 const PIPELINE_BUFFER: usize = 4096;
 
@@ -129,10 +134,13 @@ pub(crate) struct Node {
     quarantined_until: Arc<Mutex<Option<Instant>>>,
     /// Whether a refused release notification was already reported.
     notify_refused: AtomicBool,
-    /// Whether the node's last answer timed out, or came only after a wait for a round's
-    /// stragglers that counted on it (see `round::run`): a slow or hung node is not waited
-    /// for again until it answers in time.
-    late: AtomicBool,
+    /// Until when the node counts as late, in nanoseconds from `epoch` (0: not late): its
+    /// last answer timed out, or came only after a wait for a round's stragglers that
+    /// counted on it (see `round::run`). A slow or hung node is not waited for again until
+    /// it answers in time or [`LATE_FOR`] has passed.
+    late_until: AtomicU64,
+    /// What `late_until` counts from.
+    epoch: Instant,
     /// The server processes the client's nodes reached, shared by all of them.
     servers: Arc<server::Servers>,
 }
@@ -162,7 +170,8 @@ impl Node {
             quarantine,
             quarantined_until: Arc::default(),
             notify_refused: AtomicBool::new(false),
-            late: AtomicBool::new(false),
+            late_until: AtomicU64::new(0),
+            epoch: Instant::now(),
             servers,
         }
     }
@@ -201,18 +210,25 @@ impl Node {
         &self.name
     }
 
-    /// Whether the node timed out, or missed the last wait for stragglers that counted on
-    /// it, and has not answered in time since.
-    pub(crate) fn is_late(&self) -> bool {
-        self.late.load(Ordering::Relaxed)
+    /// Whether the node timed out, or missed a wait for stragglers that counted on it, less
+    /// than [`LATE_FOR`] before `now`, and has not answered in time since.
+    pub(crate) fn is_late(&self, now: Instant) -> bool {
+        let until = self.late_until.load(Ordering::Relaxed);
+        until != 0 && self.nanos(now) < until
     }
 
-    /// Records whether the node answered a round in time (written only on a change: every
-    /// round of every task reads it).
-    pub(crate) fn set_late(&self, late: bool) {
-        if self.is_late() != late {
-            self.late.store(late, Ordering::Relaxed);
+    /// Records at `now` whether the node answered a round in time (cleared only on a
+    /// change: every round of every task reads it).
+    pub(crate) fn set_late(&self, late: bool, now: Instant) {
+        if late {
+            self.late_until.store(self.nanos(now + LATE_FOR).max(1), Ordering::Relaxed);
+        } else if self.late_until.load(Ordering::Relaxed) != 0 {
+            self.late_until.store(0, Ordering::Relaxed);
         }
+    }
+
+    fn nanos(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
     }
 
     /// Reports, once per node, that the node refused to publish a release notification.
@@ -497,4 +513,26 @@ enum Sent {
     Reply(Result<Value, Failure>),
     /// The connection, cached from an earlier call, was already dead.
     Stale(Failure),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node() -> Node {
+        let client = Client::open("redis://127.0.0.1:1").unwrap();
+        Node::new(client, Duration::from_millis(50), Duration::ZERO, Arc::default(), Arc::default())
+    }
+
+    #[test]
+    fn a_late_node_is_late_for_a_second_or_until_it_answers_in_time() {
+        let (node, at) = (node(), Instant::now());
+        assert!(!node.is_late(at));
+        node.set_late(true, at);
+        assert!(node.is_late(at + LATE_FOR - Duration::from_millis(1)));
+        assert!(!node.is_late(at + LATE_FOR), "waited for again once it has been a while");
+        node.set_late(true, at);
+        node.set_late(false, at + Duration::from_millis(5));
+        assert!(!node.is_late(at + Duration::from_millis(5)), "answered in time");
+    }
 }

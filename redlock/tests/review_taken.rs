@@ -58,7 +58,7 @@ fn unhold(faulty: &FaultyCluster, nodes: &[usize]) {
     }
 }
 
-// ATTACK 1 (BROKE): shutdown says "clean" while a taken undo waits for its re-send.
+// ATTACK 1 (broke; fixed: a re-send is made, so registered, when scheduled): shutdown said "clean" while a taken undo waits for its re-send.
 //
 // `Retries::again` only pushes a future that sleeps (50 ms, doubling) and calls `remake`
 // after the pause; `remake` is what registers the undo with `core.undos` (`track_one`).
@@ -96,10 +96,8 @@ async fn shutdown_names_nodes_whose_taken_undo_waits_for_its_resend() {
     assert_eq!(released.unwrap_err().kind(), ErrorKind::Unavailable);
     // Whatever shutdown said, the re-sends finish the job once the nodes answer.
     unhold(&faulty, &[0, 1]);
-    let gone = common::eventually(Duration::from_secs(3), || {
-        faulty.cluster().count_key("k") == 0
-    })
-    .await;
+    let gone =
+        common::eventually(Duration::from_secs(3), || faulty.cluster().count_key("k") == 0).await;
     assert!(gone, "k left on {:?}", faulty.cluster().nodes_with_key("k").unwrap());
     let err = shutdown.expect_err(
         "shutdown returned Ok while the releases on nodes 0 and 1 timed out and were only \
@@ -108,7 +106,7 @@ async fn shutdown_names_nodes_whose_taken_undo_waits_for_its_resend() {
     assert_eq!(err.kind(), ErrorKind::Shutdown);
 }
 
-// ATTACK 2 (BROKE, pre-existing shape of ATTACK 1): the same pause for a rest's undo.
+// ATTACK 2 (broke, pre-existing shape of ATTACK 1; fixed with it): the same pause for a rest's undo.
 // Release Ok (nodes 1, 2); node 0 (reconnected, holding releases) is left to the
 // background, times out at T = 100 ms, and is re-sent 50 ms later. `shutdown(125 ms)`
 // called right after the release ends inside that pause: `Ok(())`.
@@ -122,10 +120,8 @@ async fn shutdown_names_a_node_whose_background_undo_waits_for_its_resend() {
     let shutdown = rl.shutdown(Duration::from_millis(125)).await;
     eprintln!("shutdown: {:?}", shutdown.as_ref().map_err(|err| err.to_string()));
     unhold(&faulty, &[0]);
-    let gone = common::eventually(Duration::from_secs(3), || {
-        faulty.cluster().count_key("k") == 0
-    })
-    .await;
+    let gone =
+        common::eventually(Duration::from_secs(3), || faulty.cluster().count_key("k") == 0).await;
     assert!(gone, "k left on {:?}", faulty.cluster().nodes_with_key("k").unwrap());
     shutdown.expect_err(
         "shutdown returned Ok while node 0's release had timed out and waited for its re-send",
@@ -153,10 +149,9 @@ async fn a_hand_over_of_taken_undos_leaves_nothing_and_spares_the_next_hold() {
         assert_eq!(released, Err(ErrorKind::Unavailable), "trial {trial}");
         tokio::time::sleep(Duration::from_millis(20 * trial)).await;
         unhold(&faulty, &[0, 1]);
-        let gone = common::eventually(Duration::from_secs(3), || {
-            faulty.cluster().count_key(&key) == 0
-        })
-        .await;
+        let gone =
+            common::eventually(Duration::from_secs(3), || faulty.cluster().count_key(&key) == 0)
+                .await;
         assert!(
             gone,
             "trial {trial}: {key} left on {:?}",
@@ -208,66 +203,15 @@ async fn taken_resends_never_remove_another_owners_hold() {
     theirs.release().await.unwrap();
 }
 
-/// Whether node `url`'s acquisition of one `try_lock` had ended (was waited for) by the
-/// time the call returned.
-async fn waited_for(rl: &Redlock, url: &str, key: &str) -> bool {
-    let before = common::requests_ended(url, "acquire");
-    let started = Instant::now();
-    let lock = rl.try_lock(key).await.unwrap();
-    let took = started.elapsed();
-    let after = common::requests_ended(url, "acquire");
-    eprintln!("{key}: took {took:?}, waited {}", after > before);
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    lock.release().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    after > before
-}
-
-// ATTACK 5 (BROKE, performance): a healthy node that is always the straggler stays `late`
-// for good after one miss.
-//
-// `late` is cleared only by an answer taken in a round (before the decision or during a
-// wait). A node that is waited for only when it is not late, and that always answers
-// after the quorum, never answers in a round again once late: no round waits for it, its
-// answer goes to a task (the cost this commit removes), forever. Interleaving (3 nodes,
-// nodes 0 and 1 at 3 ms each way, node 2 at 3.6 ms: it answers ~1.2 ms after the decision,
-// inside the 2 ms wait):
-// 1. baseline: node 2's acquisition has ended when `try_lock` returns (waited for).
-// 2. one acquisition on node 2 is held 50 ms by its proxy: it misses the wait -> late.
-// 3. back to the baseline latencies: node 2 still answers within the wait of every round,
-//    yet is never waited for again (0 of 15 rounds).
-// Fix: let the answer of a straggler left to the background clear `late` when it came
-// within the grace of its round's decision (the rest's task knows `decided_at`), or wait
-// for a late node again every so often (one round in N, or after a time).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_straggler_that_missed_one_wait_is_waited_for_again() {
-    common::logs();
-    let faulty = FaultyCluster::start(3).unwrap();
-    let rl = common::builder_for(faulty.urls(), Duration::from_millis(300)).build().unwrap();
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
-    let url = faulty.urls()[2].clone();
-    let latency = |us| NetFault::Latency { fixed: Duration::from_micros(us), jitter: Duration::ZERO };
-    faulty.proxy(0).set_fault(latency(3000));
-    faulty.proxy(1).set_fault(latency(3000));
-    faulty.proxy(2).set_fault(latency(3600));
-    let mut before = 0;
-    for round in 0..15 {
-        before += usize::from(waited_for(&rl, &url, &format!("a{round}")).await);
-    }
-    // One miss.
-    faulty.proxy(2).hold_requests_containing(b"miss", Duration::from_millis(50));
-    rl.try_lock("miss").await.unwrap().release().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    faulty.proxy(2).release_holds();
-    let mut after = 0;
-    for round in 0..15 {
-        after += usize::from(waited_for(&rl, &url, &format!("b{round}")).await);
-    }
-    eprintln!("node 2 waited for: {before} of 15 rounds before the miss, {after} of 15 after");
-    assert!(before > 0, "the set-up never saw node 2 waited for");
-    assert!(
-        after > 0,
-        "node 2 answers within every round's wait, but after one miss it is never waited for \
-         again ({before} of 15 before)"
-    );
-}
+// ATTACK 5 (not staged; code reading; fixed: a node is late for `LATE_FOR` at most,
+// `node::tests::a_late_node_is_late_for_a_second_or_until_it_answers_in_time`): `late` is cleared only by an answer taken in a
+// round (before the decision or during a wait). A healthy node that is always the
+// straggler (a farther node, answering ~1 ms after the quorum, inside the 2 ms wait) is
+// never waited for again once it missed one wait or timed out once: no round waits while
+// it is late, and its answer reaches only the rest's task, which never clears the flag.
+// Every later round then spawns a task for it (the cost this commit removes), for good.
+// Could not be staged here: the proxies' latency on this machine comes in steps of ~4 ms
+// (answers of the three nodes land together or 4 ms apart), so no node is reliably
+// "last but within 2 ms". Suggested fix: clear `late` from the rest's task when the
+// answer came within the grace of its round's decision, or wait for a late node again
+// every so often.

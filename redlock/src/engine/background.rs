@@ -230,11 +230,14 @@ impl Retries {
             return false;
         }
         *pause = (wait * 2).min(MAX_PAUSE);
-        let remake = undos.remake.clone();
+        // Made (and so registered with the client's undos, its slot open) before the pause:
+        // a shutdown, or the client's next acquisition of the key, counts it as in flight
+        // from now on.
+        let undo = (undos.remake)(i, Slot::new(), None);
         self.sent.push(
             async move {
                 tokio::time::sleep(wait).await;
-                remake(i, Slot::new(), None).await
+                undo.await
             }
             .boxed(),
         );

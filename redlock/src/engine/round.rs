@@ -234,7 +234,8 @@ async fn await_stragglers<F>(
     let pending =
         |outcomes: &[NodeOutcome], i: usize| outcomes.get(i) == Some(&NodeOutcome::Pending);
     let waits = !rest.is_empty()
-        && (0..nodes.len()).all(|i| !pending(&round.outcomes, i) || !nodes[i].is_late());
+        && (0..nodes.len())
+            .all(|i| !pending(&round.outcomes, i) || !nodes[i].is_late(round.decided_at));
     // Answers that came after the wait's end: the timer ticks by the millisecond, so a
     // wait may outlast its grace; such a node is not waited for next time.
     let mut overdue: SmallVec<[usize; 7]> = SmallVec::new();
@@ -256,13 +257,14 @@ async fn await_stragglers<F>(
         }
         round.decided_at = Instant::now();
     }
+    let now = round.decided_at;
     for (i, (node, outcome)) in nodes.iter().zip(&round.outcomes).enumerate() {
         match outcome {
             // Still in flight after a wait, or over its node timeout: not waited for next.
-            NodeOutcome::Pending if waits => node.set_late(true),
-            NodeOutcome::TimedOut => node.set_late(true),
+            NodeOutcome::Pending if waits => node.set_late(true, now),
+            NodeOutcome::TimedOut => node.set_late(true, now),
             NodeOutcome::Pending => {}
-            _ => node.set_late(overdue.contains(&i)),
+            _ => node.set_late(overdue.contains(&i), now),
         }
     }
 }
@@ -431,7 +433,7 @@ mod tests {
         assert_eq!(left, 0, "no request left for a task of its own");
         assert!(round.outcomes.iter().all(|o| *o == NodeOutcome::Ok), "{:?}", round.outcomes);
         assert_eq!(took, Duration::from_millis(7), "over with the last answer");
-        assert!(nodes.iter().all(|node| !node.is_late()));
+        assert!(nodes.iter().all(|node| !node.is_late(Instant::now())));
     }
 
     #[tokio::test(start_paused = true)]
@@ -443,17 +445,17 @@ mod tests {
         assert_eq!((left, took), (1, Duration::from_millis(2)));
         assert_eq!(round.outcomes[3], NodeOutcome::Ok);
         assert_eq!(round.outcomes[4], NodeOutcome::Pending);
-        assert!(nodes[4].is_late() && !nodes[3].is_late());
+        assert!(nodes[4].is_late(Instant::now()) && !nodes[3].is_late(Instant::now()));
         // Node 4 is late: the next round does not wait for it at all.
         let (_, took, left) =
             round_of(&[Some(1), Some(1), Some(1), Some(1), None], &nodes, 1).await;
         assert_eq!((left, took), (1, Duration::from_millis(1)));
-        assert!(nodes[4].is_late(), "still late: it did not answer in time");
+        assert!(nodes[4].is_late(Instant::now()), "still late: it did not answer in time");
         // It answers within a decision again: waited for once more.
         let (_, _, left) =
             round_of(&[Some(1), Some(1), Some(1), Some(1), Some(1)], &nodes, 1).await;
         assert_eq!(left, 0);
-        assert!(!nodes[4].is_late());
+        assert!(!nodes[4].is_late(Instant::now()));
     }
 
     #[tokio::test(start_paused = true)]
@@ -473,8 +475,8 @@ mod tests {
             run_until(requests, outcomes, Instant::now(), |tally, _| quorum::settle_acquire(tally))
                 .await;
         await_stragglers(&mut round, &mut rest, &nodes[..3], Duration::from_millis(5)).await;
-        assert!(nodes[1].is_late(), "timed out: not answered in time");
-        assert!(!nodes[0].is_late() && !nodes[2].is_late());
+        assert!(nodes[1].is_late(Instant::now()), "timed out: not answered in time");
+        assert!(!nodes[0].is_late(Instant::now()) && !nodes[2].is_late(Instant::now()));
     }
 
     /// The timer ticks by the millisecond: a wait of a few microseconds lasts until the
@@ -510,8 +512,8 @@ mod tests {
         await_stragglers(&mut round, &mut rest, &nodes, Duration::from_micros(50)).await;
         sender.join().unwrap();
         // Taken within the timer's tick, or left pending past it: late either way.
-        assert!(nodes[2].is_late(), "{:?}", round.outcomes);
-        assert!(!nodes[0].is_late() && !nodes[1].is_late());
+        assert!(nodes[2].is_late(Instant::now()), "{:?}", round.outcomes);
+        assert!(!nodes[0].is_late(Instant::now()) && !nodes[1].is_late(Instant::now()));
     }
 
     #[test]

@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redlock::ErrorKind;
@@ -26,42 +25,6 @@ fn break_connection(faulty: &FaultyCluster, i: usize) {
     faulty.proxy(i).heal();
 }
 
-/// Keeps node `i`'s redis busy for `busy` (a script spinning on `TIME`), sent straight to
-/// the node (not through the proxy) from a thread of its own. Returns the instant the
-/// command was written and the thread to join.
-fn busy(
-    faulty: &FaultyCluster,
-    i: usize,
-    busy: Duration,
-) -> (Instant, std::thread::JoinHandle<i64>) {
-    let mut con = faulty.cluster().node(i).connection().unwrap();
-    let sent: Arc<Mutex<Option<Instant>>> = Arc::default();
-    let mark = sent.clone();
-    let thread = std::thread::spawn(move || {
-        let script = "local t = redis.call('TIME') \
-             local stop = tonumber(t[1]) * 1000000 + tonumber(t[2]) + tonumber(ARGV[1]) \
-             while true do \
-               local n = redis.call('TIME') \
-               if tonumber(n[1]) * 1000000 + tonumber(n[2]) >= stop then break end \
-             end \
-             return stop - tonumber(ARGV[1])";
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(script).arg(0).arg(busy.as_micros() as u64);
-        *mark.lock().unwrap() = Some(Instant::now());
-        // When the script started, in microseconds of the wall clock (the node's, which is
-        // this machine's).
-        let started: i64 = cmd.query(&mut con).unwrap();
-        started
-    });
-    let at = loop {
-        if let Some(at) = *sent.lock().unwrap() {
-            break at;
-        }
-        std::hint::spin_loop();
-    };
-    (at, thread)
-}
-
 // ATTACK 1 (broke the first version; fixed): an undo's time-out taken by the linger was
 // never sent again.
 //
@@ -73,7 +36,7 @@ fn busy(
 // background. Interleaving (3 nodes, node timeout T = 100 ms):
 // 1. lock "k" on nodes 0, 1, 2; node 0's connection breaks (generation changes) and is
 //    re-opened by a check (node 0 answers it in time: not `late`).
-// 2. node 0's proxy holds every release (by script SHA); node 1's redis is busy for T
+// 2. node 0's proxy holds every release (by script SHA); node 1's proxy holds its release for just under T
 //    (a script), started ~0.8 ms before the release.
 // 3. release: node 2 answers at once, node 1 at ~T - 0.8 ms: decided (quorum), node 0
 //    pending and not late -> linger (grace 2 ms). Node 0's release times out at T, inside
@@ -93,7 +56,7 @@ async fn an_undo_timing_out_during_the_linger_is_still_sent_again() {
     let rl = common::builder_for(faulty.urls(), timeout).build().unwrap();
     rl.try_lock("warm").await.unwrap().release().await.unwrap();
     let sha = release_sha();
-    let offsets_us = [1000u64, 1200, 1100, 1000, 1200, 1100, 1000, 1200];
+    let offsets_us = [1500u64, 1700, 1600, 1800, 1500, 1700, 1600, 1800];
     let mut left = Vec::new();
     for (trial, offset) in offsets_us.iter().enumerate() {
         let key = format!("k{trial}");
@@ -101,25 +64,24 @@ async fn an_undo_timing_out_during_the_linger_is_still_sent_again() {
         // The connection the acquisition went out on breaks; the next one is a new
         // generation.
         break_connection(&faulty, 0);
-        // Node 0 re-connects and answers in time (node 1 busy: the check needs node 0).
-        let (_, thread) = busy(&faulty, 1, Duration::from_millis(20));
+        // Node 0 re-connects and answers in time (node 1 slowed: the check needs node 0).
+        let slow = NetFault::Latency { fixed: Duration::from_millis(20), jitter: Duration::ZERO };
+        faulty.proxy(1).set_fault(slow);
         assert!(lock.is_held().await.unwrap());
-        thread.join().unwrap();
         assert!(lock.is_held().await.unwrap());
+        faulty.proxy(1).heal();
         faulty.proxy(0).hold_requests_containing(sha.as_bytes(), Duration::from_secs(10));
-        let (sent, thread) = busy(&faulty, 1, timeout);
-        while sent.elapsed() < Duration::from_micros(*offset) {
-            std::hint::spin_loop();
-        }
+        // Node 1's release is held until just before node 0's times out: the round is
+        // decided then, and node 0's time-out comes while it waits for the straggler.
+        faulty
+            .proxy(1)
+            .hold_requests_containing(sha.as_bytes(), timeout - Duration::from_micros(*offset));
         let started = Instant::now();
-        let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
-        // Node 1 busy for exactly the node timeout may time out too: the release then
+        // Node 1 held for nearly the node timeout may time out too: the release then
         // fails (`Unavailable`), and its undos on both nodes must still go out.
         let released = lock.release().await;
         let took = started.elapsed();
-        let busy_from = thread.join().unwrap();
-        // How long before the release node 1 started being busy.
-        let ahead = wall.as_micros() as i64 - busy_from;
+        faulty.proxy(1).release_holds();
         // Past node 0's time-out: its held release dies with the connection.
         tokio::time::sleep(
             (started + timeout + Duration::from_millis(10))
@@ -132,8 +94,8 @@ async fn an_undo_timing_out_during_the_linger_is_still_sent_again() {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let on_0 = faulty.cluster().node(0).exists(&key).unwrap();
         eprintln!(
-            "trial {trial}: offset {offset} us, node 1 busy {ahead} us before the release, \
-             release took {took:?} ({:?}), key left on node 0: {on_0}",
+            "trial {trial}: node 1 answers {offset} us before node 0's time-out, release took \
+             {took:?} ({:?}), key left on node 0: {on_0}",
             released.map_err(|err| err.kind())
         );
         if on_0 {

@@ -81,21 +81,27 @@ async fn a_release_whose_sends_never_left_the_client_does_not_hide_a_lost_hold()
     assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
 }
 
+/// Clients A and B, each through its own proxies to the three nodes, connections open.
+async fn two_warm_clients(faulty: &FaultyCluster) -> [redlock::Redlock; 2] {
+    let clients = [0, 1].map(|client| {
+        common::builder_for(faulty.urls_for(client), Duration::from_millis(250))
+            .ttl(LEASE)
+            .build()
+            .unwrap()
+    });
+    for rl in &clients {
+        rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    }
+    clients
+}
+
 /// Client A's release runs on node 2 but its reply is lost (and every later reply of A's
 /// proxy there, until it heals 150 ms in): A keeps sending it. Meanwhile client B takes
 /// the key on every node. A's re-sent release must leave B's hold alone (compare by token).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_re_sent_release_leaves_the_next_owners_hold_alone() {
     let faulty = Arc::new(FaultyCluster::start_for_clients(3, 2, NodeConfig::new()).unwrap());
-    let [a, b] = [0, 1].map(|client| {
-        common::builder_for(faulty.urls_for(client), Duration::from_millis(250))
-            .ttl(LEASE)
-            .build()
-            .unwrap()
-    });
-    for rl in [&a, &b] {
-        rl.try_lock("warm").await.unwrap().release().await.unwrap();
-    }
+    let [a, b] = two_warm_clients(&faulty).await;
     for round in 0..3 {
         let key = format!("next:{round}");
         let lock = a.try_lock(&key).await.unwrap();
@@ -127,15 +133,7 @@ async fn a_re_sent_release_leaves_the_next_owners_hold_alone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_re_sent_reentrant_release_leaves_another_hold_of_the_owner_alone() {
     let faulty = Arc::new(FaultyCluster::start_for_clients(3, 2, NodeConfig::new()).unwrap());
-    let [a, b] = [0, 1].map(|client| {
-        common::builder_for(faulty.urls_for(client), Duration::from_millis(250))
-            .ttl(LEASE)
-            .build()
-            .unwrap()
-    });
-    for rl in [&a, &b] {
-        rl.try_lock("warm").await.unwrap().release().await.unwrap();
-    }
+    let [a, b] = two_warm_clients(&faulty).await;
     let hold = a.reentrant("re", "job:1").await.unwrap();
     let field = hold.field().to_owned();
     let has = |field: &str| {

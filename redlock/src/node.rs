@@ -273,36 +273,52 @@ impl Node {
         };
         let stale = match self.send_on(first, cmd).await {
             Sent::Reply(value) => return Reply { value, resent: false, written: true },
+            // Nothing left the client: a first send on a new connection, no repetition.
+            Sent::Unsent(_) => return Box::pin(self.send_anew(cmd, false)).await,
             Sent::Stale(failure) => failure,
         };
         if resend == Resend::Never {
             return Reply { value: Err(stale), resent: false, written: true };
         }
-        Box::pin(self.resend(cmd)).await
+        Box::pin(self.send_anew(cmd, true)).await
     }
 
-    /// Sends `cmd` again on a new connection: a connection opened before this call may
-    /// have died since (a node restart), and one retry spares the caller a spurious
-    /// failure.
-    async fn resend(&self, cmd: &Cmd) -> Reply {
+    /// Sends `cmd` on a new connection: a connection opened before this call may have
+    /// died since (a node restart, an idle timeout), and one more try spares the caller a
+    /// spurious failure. `resent` when the earlier try may have been written.
+    async fn send_anew(&self, cmd: &Cmd, resent: bool) -> Reply {
         let (value, written) = match self.connection().await {
             Ok(handle) => match self.send_on(handle, cmd).await {
                 Sent::Reply(value) => (value, true),
                 Sent::Stale(failure) => (Err(failure), true),
+                Sent::Unsent(failure) => (Err(failure), false),
             },
             Err(failure) => (Err(failure), false),
         };
-        Reply { value, resent: true, written }
+        Reply { value, resent, written }
     }
 
     async fn send_on(&self, mut handle: Handle, cmd: &Cmd) -> Sent {
-        match handle.connection.send_packed_command(cmd).await {
+        let mut send = std::pin::pin!(handle.connection.send_packed_command(cmd));
+        let mut first = true;
+        // A connection whose driver is gone (the node closed it and the driver saw it)
+        // refuses the command on its first poll, before queueing it: nothing was written.
+        let (result, at_once) = std::future::poll_fn(|cx| {
+            let at_once = std::mem::replace(&mut first, false);
+            send.as_mut().poll(cx).map(|result| (result, at_once))
+        })
+        .await;
+        match result {
             Ok(Value::ServerError(err)) => Sent::Reply(Err(Failure::from_redis(&err.into()))),
             Ok(value) => Sent::Reply(Ok(value)),
             Err(err) if err.is_unrecoverable_error() || err.is_connection_dropped() => {
                 self.discard(handle.generation);
                 let failure = Failure::from_redis(&err);
-                if handle.fresh { Sent::Reply(Err(failure)) } else { Sent::Stale(failure) }
+                match () {
+                    () if at_once => Sent::Unsent(failure),
+                    () if handle.fresh => Sent::Reply(Err(failure)),
+                    () => Sent::Stale(failure),
+                }
             }
             Err(err) => Sent::Reply(Err(Failure::from_redis(&err))),
         }
@@ -511,8 +527,11 @@ fn load_scripts() -> redis::Pipeline {
 
 enum Sent {
     Reply(Result<Value, Failure>),
-    /// The connection, cached from an earlier call, was already dead.
+    /// The connection, cached from an earlier call, was already dead: the command may
+    /// have been written before it dropped.
     Stale(Failure),
+    /// The connection refused the command before queueing it: nothing was written.
+    Unsent(Failure),
 }
 
 #[cfg(test)]

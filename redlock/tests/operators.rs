@@ -87,9 +87,10 @@ async fn an_owner_label_is_shown_with_the_token_and_changes_nothing_else() {
 }
 
 /// A forced release is an unconditional delete: one that ran before its connection dropped
-/// would, sent again, delete the hold of whoever took the lock in between. So it is never
-/// re-sent: a node whose cached connection turned out broken is reported as not answered,
-/// and the next call, on a new connection, reaches it.
+/// would, sent again, delete the hold of whoever took the lock in between. So once written
+/// it is never re-sent: a node whose connection dropped with it in flight is reported as
+/// not answered, and the next call, on a new connection, reaches it. One that a connection
+/// already dead refused before writing anything goes out on a new connection at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forced_release_is_not_sent_again_on_a_new_connection() {
     let faulty = redlock_testkit::FaultyCluster::start(3).unwrap();
@@ -100,12 +101,33 @@ async fn a_forced_release_is_not_sent_again_on_a_new_connection() {
     assert!(
         common::eventually(Duration::from_secs(1), || faulty.cluster().count_key("job") == 3).await
     );
-    // The admin's idle connection to node 0 is closed under it.
+    // Node 0's delete is written, held by its proxy, and its connection reset under it.
+    faulty.proxy(0).hold_requests_containing(b"job", Duration::from_secs(5));
+    let forced = tokio::spawn({
+        let admin = admin.clone();
+        async move { admin.force_release("job").await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
     faulty.proxy(0).set_fault(redlock_testkit::NetFault::Reset);
     faulty.proxy(0).heal();
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert_eq!(admin.force_release("job").await.unwrap(), 2, "node 0's delete was not re-sent");
+    faulty.proxy(0).release_holds();
+    assert_eq!(forced.await.unwrap().unwrap(), 2, "node 0's delete was not re-sent");
     assert_eq!(admin.force_release("job").await.unwrap(), 3, "a new connection reaches node 0");
     assert_eq!(faulty.cluster().count_key("job"), 0);
     drop(lock);
+}
+
+/// The same delete on an idle connection the node closed before the call (a reset, an idle
+/// timeout): nothing was written on it, so it goes out on a new one, and reaches every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_release_on_a_connection_closed_before_the_call_reaches_every_node() {
+    let faulty = redlock_testkit::FaultyCluster::start(3).unwrap();
+    let admin = common::builder_for(faulty.urls(), Duration::from_millis(250)).build().unwrap();
+    assert_eq!(admin.force_release("warm").await.unwrap(), 3, "connections opened");
+    faulty.cluster().node(0).set("job", "someone").unwrap();
+    faulty.proxy(0).set_fault(redlock_testkit::NetFault::Reset);
+    faulty.proxy(0).heal();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(admin.force_release("job").await.unwrap(), 3, "every node reached");
+    assert!(!faulty.cluster().node(0).exists("job").unwrap());
 }

@@ -216,8 +216,11 @@ async fn a_stale_connection_then_noscript_on_the_resend_still_releases() {
 }
 
 /// A killed then restarted node (same port) behind a warm client: its cached connection
-/// is dead; the next SET and release are re-sent on a new one (stale detection through
-/// `ready()`), and the node counts again at once.
+/// is dead; the next SET and release go out on a new one (stale detection through
+/// `ready()`), and the node counts again at once. The nodes restart without their data:
+/// the release after the second restarts finds nothing and says so (nothing was written
+/// on the dead connections, so "absent" is not read as "removed by an earlier try"), and
+/// nothing is left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_cached_connection_is_replaced_on_the_fast_path() {
     let mut cluster = common::cluster(3);
@@ -239,7 +242,13 @@ async fn a_dead_cached_connection_is_replaced_on_the_fast_path() {
         for i in 0..3 {
             cluster.node_mut(i).restart().unwrap();
         }
-        lock.release().await.unwrap_or_else(|err| panic!("round {round} release: {err}"));
+        // NotHeld: the keys went with the restarts. (Ok only if a driver had not yet seen
+        // its node's EOF: the known limit of `review_lanes_third`.)
+        let released = lock.release().await.map_err(|err| err.kind());
+        assert!(
+            matches!(released, Ok(()) | Err(redlock::ErrorKind::NotHeld)),
+            "round {round}: {released:?}"
+        );
         assert!(
             common::eventually(Duration::from_secs(1), || cluster.count_key("x") == 0).await,
             "round {round}: left on {:?}",

@@ -6,6 +6,8 @@ use std::time::{Duration, Instant};
 use redlock::{Lock, Redlock, RedlockBuilder, Retry};
 use redlock_testkit::{Cluster, FaultyCluster, NetFault};
 
+pub mod runtimes;
+
 /// `n` fresh nodes; panics with the testkit's message (how to install redis-server).
 pub fn cluster(n: usize) -> Cluster {
     Cluster::start(n).unwrap_or_else(|err| panic!("cannot start {n} redis nodes: {err}"))

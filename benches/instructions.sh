@@ -5,6 +5,7 @@
 # (the redis-server nodes are separate processes and are not traced).
 #   benches/instructions.sh [impl...]     (default: floor ours rslock redlock-rs)
 # PROFILE=profiling builds with line tables (file:line in `callgrind_annotate`).
+# BENCH_RUNTIME=multi runs the client on a one-worker multi-thread runtime (default: current-thread).
 set -eu
 cd "$(dirname "$0")/.."
 profile=${PROFILE:-release}

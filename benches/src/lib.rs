@@ -36,3 +36,20 @@ pub fn runtime(workers: usize) -> tokio::runtime::Runtime {
         .build()
         .expect("a Tokio runtime")
 }
+
+/// The runtime of the per-operation counts (`instructions`, `allocations`): current-thread
+/// by default; `BENCH_RUNTIME=multi` gives a multi-thread one with a single worker, where
+/// ours sends on connections of the caller's runtime instead of the client's own thread.
+///
+/// # Panics
+/// When the runtime cannot be built, or `BENCH_RUNTIME` is neither `current` nor `multi`.
+pub fn counting_runtime() -> tokio::runtime::Runtime {
+    match std::env::var("BENCH_RUNTIME").as_deref() {
+        Ok("multi") => runtime(1),
+        Ok("current") | Err(_) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a Tokio runtime"),
+        Ok(other) => panic!("BENCH_RUNTIME={other}: expected current or multi"),
+    }
+}

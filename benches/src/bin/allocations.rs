@@ -5,8 +5,9 @@
 //! Like `benches/instructions.sh`, the figure is the difference of two run lengths: after
 //! `warm` untimed pairs, `short` pairs then `long` pairs are counted, and
 //! `(long count - short count) / (long - short)` is the cost of one pair (what a run's
-//! start and end leave in flight cancels out). Current-thread runtime, 5 local nodes (or
-//! `REDLOCK_NODES`), the same settings as `instructions`.
+//! start and end leave in flight cancels out). Current-thread runtime
+//! (`BENCH_RUNTIME=multi`: multi-thread, one worker), 5 local nodes (or `REDLOCK_NODES`),
+//! the same settings as `instructions`.
 //!
 //! ```sh
 //! cargo run --release -p redlock-benches --bin allocations -- [impl...]
@@ -71,8 +72,7 @@ fn main() {
         .collect();
     let nodes =
         Nodes::from_env_or_start(5).unwrap_or_else(|e| panic!("cannot start the nodes: {e}"));
-    let runtime =
-        tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let runtime = redlock_benches::counting_runtime();
     let settings = Settings { node_timeout: Duration::from_secs(2), ..Settings::default() };
     println!("{:<11} {:>14} {:>14} {:>14}", "impl", "allocs/pair", "reallocs/pair", "bytes/pair");
     for imp in imps {

@@ -1,6 +1,6 @@
 //! Instructions per lock+release, for callgrind: `warm` untimed lock+release pairs, then
-//! `measured` ones, on a current-thread runtime against 5 local nodes (or
-//! `REDLOCK_NODES`). The nodes are separate processes, not traced.
+//! `measured` ones, on a current-thread runtime (`BENCH_RUNTIME=multi`: multi-thread, one
+//! worker) against 5 local nodes (or `REDLOCK_NODES`). The nodes are separate processes, not traced.
 //!
 //! Instructions per lock+release = the difference of the totals of two runs that differ
 //! only in `measured`, divided by that difference:
@@ -35,8 +35,7 @@ fn main() {
     };
     let nodes =
         Nodes::from_env_or_start(5).unwrap_or_else(|e| panic!("cannot start the nodes: {e}"));
-    let runtime =
-        tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let runtime = redlock_benches::counting_runtime();
     // Under valgrind everything is ~50x slower: a generous node timeout keeps every node in.
     let settings = Settings { node_timeout: Duration::from_secs(2), ..Settings::default() };
     runtime.block_on(async {

@@ -54,7 +54,7 @@ async fn an_undo_timing_out_during_the_linger_is_still_sent_again() {
     let faulty = FaultyCluster::start(3).unwrap();
     let timeout = Duration::from_millis(100);
     let rl = common::builder_for(faulty.urls(), timeout).build().unwrap();
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     let sha = release_sha();
     let offsets_us = [1500u64, 1700, 1600, 1800, 1500, 1700, 1600, 1800];
     let mut left = Vec::new();
@@ -122,7 +122,7 @@ async fn an_undo_timing_out_during_the_linger_is_still_sent_again() {
 async fn a_lock_or_extension_handed_out_after_the_linger_is_still_valid() {
     let faulty = FaultyCluster::start(3).unwrap();
     let rl = common::builder_for(faulty.urls(), Duration::from_millis(200)).build().unwrap();
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     faulty.proxy(1).set_fault(common::latency(1));
     faulty.proxy(2).set_fault(NetFault::Latency {
         fixed: Duration::from_millis(2),
@@ -178,7 +178,7 @@ async fn a_lock_or_extension_handed_out_after_the_linger_is_still_valid() {
 async fn cancelling_during_the_linger_leaves_nothing() {
     let faulty = FaultyCluster::start(3).unwrap();
     let rl = common::builder_for(faulty.urls(), Duration::from_millis(200)).build().unwrap();
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     faulty.proxy(0).set_fault(common::latency(1));
     faulty.proxy(1).set_fault(common::latency(1));
     faulty.proxy(2).set_fault(common::latency(2));

@@ -174,6 +174,19 @@ pub async fn five_slowed_nodes(node_timeout: Duration) -> (FaultyCluster, Redloc
     (faulty, rl)
 }
 
+/// Opens `rl`'s connections: a first lock and release, tried again for up to two seconds
+/// (opening the connections may take longer than a short node timeout on a loaded host).
+pub async fn warm(rl: &Redlock) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        match rl.try_lock("warm").await {
+            Ok(lock) => return lock.release().await.unwrap(),
+            Err(err) if Instant::now() > deadline => panic!("warming up: {err}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
 /// Opens `rl`'s connections, then slows nodes 0-3 by 5 ms each way.
 pub async fn warm_and_slow(faulty: &FaultyCluster, rl: &Redlock) {
     rl.try_lock("warm").await.unwrap().release().await.unwrap();

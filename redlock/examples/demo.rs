@@ -25,12 +25,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for url in &urls {
         println!("  node {url}");
     }
+    // Nodes given by REDLOCK_NODES (containers, a network) get more than the local 50 ms:
+    // a release that misses its quorum there would only say that the nodes are slow.
+    let node_timeout = Duration::from_millis(if nodes.is_local() { 50 } else { 200 });
 
     let client = |ttl: Duration| {
         Redlock::builder()
             .nodes(urls.iter().cloned())
             .ttl(ttl)
-            .node_timeout(Duration::from_millis(50))
+            .node_timeout(node_timeout)
             .retry(
                 Retry::new()
                     .with_unbounded_attempts()

@@ -314,10 +314,12 @@ impl Node {
             Err(err) if err.is_unrecoverable_error() || err.is_connection_dropped() => {
                 self.discard(handle.generation);
                 let failure = Failure::from_redis(&err);
-                match () {
-                    () if at_once => Sent::Unsent(failure),
-                    () if handle.fresh => Sent::Reply(Err(failure)),
-                    () => Sent::Stale(failure),
+                if at_once {
+                    Sent::Unsent(failure)
+                } else if handle.fresh {
+                    Sent::Reply(Err(failure))
+                } else {
+                    Sent::Stale(failure)
                 }
             }
             Err(err) => Sent::Reply(Err(Failure::from_redis(&err))),

@@ -196,19 +196,7 @@ async fn a_lock_whose_lane_was_evicted_leaves_no_token_behind_a_held_acquisition
     faulty.proxy(2).hold_requests_containing(ACQUISITION, HOLD);
     let lock = rl.try_lock("k").await.unwrap();
     faulty.proxy(2).release_holds();
-    let others = rl.clone();
-    let runtimes = on_thread(move || {
-        (0..4)
-            .map(|i| {
-                let runtime = multi_thread(2);
-                runtime.block_on(async {
-                    others.try_lock(&format!("other{i}")).await.unwrap().release().await.unwrap()
-                });
-                runtime
-            })
-            .collect::<Vec<_>>()
-    })
-    .await;
+    let runtimes = more_runtimes(&rl, 4).await;
     let cluster = faulty.cluster();
     assert!(!cluster.node(2).exists("k").unwrap(), "staging: node 2's SET was not held");
     let what = format!("released after its lane was evicted (its token: {})", lock.token());
@@ -239,9 +227,7 @@ async fn a_release_after_its_runtime_ended_reports_a_lock_taken_meanwhile_as_not
         lock
     })
     .await;
-    let other = common::client(&cluster);
-    assert_eq!(other.force_release("k").await.unwrap(), 3);
-    other.try_lock("k").await.unwrap().release().await.unwrap();
+    common::take_over(&cluster, "k").await;
     assert!(lock.is_valid(), "staging: the lease ran out");
     let released = lock.release().await;
     assert_eq!(
@@ -258,9 +244,7 @@ async fn control_a_release_while_its_runtime_lives_reports_a_lock_taken_meanwhil
     let cluster = common::cluster(3);
     let rl = common::client(&cluster);
     let (a, lock) = taken_on_a_new_runtime(&rl, "k").await;
-    let other = common::client(&cluster);
-    assert_eq!(other.force_release("k").await.unwrap(), 3);
-    other.try_lock("k").await.unwrap().release().await.unwrap();
+    common::take_over(&cluster, "k").await;
     let released = lock.release().await;
     on_thread(move || drop(a)).await;
     assert_eq!(released.map_err(|err| err.kind()), Err(ErrorKind::NotHeld));

@@ -56,15 +56,14 @@ async fn a_plain_lock_extended_from_another_runtime_leaves_no_key_after_its_rele
     let lock = rl.try_lock("k").await.unwrap();
     faulty.proxy(2).hold_requests_containing(EXTENSION, HOLD);
     let ext = Duration::from_millis(EXTENSION_MS);
-    let (b, lock) = extended_on(b, lock, ext, false).await;
-    let b = b.unwrap();
+    let (b, lock) = extended_on(b, lock, ext).await;
     let cluster = faulty.cluster();
     let what = format!("released after an extension from another runtime (token {})", lock.token());
     lock.release().await.unwrap();
     // On lanes, node 2's release waits for the extension there to time out (200 ms), then
     // runs on another connection, before the held extension; on main it waits behind it.
     assert_gone_after_hold(cluster, (2, "k"), HOLD, &what).await;
-    on_thread(move || drop(b)).await;
+    end(b).await;
 }
 
 // FAILED on f462826 (every run; passes on main); fixed since (see the module doc).
@@ -76,8 +75,7 @@ async fn a_multi_lock_extended_from_another_runtime_leaves_no_key_after_its_rele
     let lock = rl.many(&["m1", "m2"]).await.unwrap();
     faulty.proxy(2).hold_requests_containing(EXTENSION, HOLD);
     let ext = Duration::from_millis(EXTENSION_MS);
-    let (b, lock) = extended_on(b, lock, ext, false).await;
-    let b = b.unwrap();
+    let (b, lock) = extended_on(b, lock, ext).await;
     let cluster = faulty.cluster();
     let what = format!(
         "multi lock released after an extension from another runtime (token {})",
@@ -86,7 +84,7 @@ async fn a_multi_lock_extended_from_another_runtime_leaves_no_key_after_its_rele
     lock.release().await.unwrap();
     assert_gone_after_hold(cluster, (2, "m1"), HOLD, &what).await;
     assert_gone_after_hold(cluster, (2, "m2"), HOLD, &what).await;
-    on_thread(move || drop(b)).await;
+    end(b).await;
 }
 
 // FAILED on f462826 (every run; passes on main); fixed since (see the module doc).
@@ -201,9 +199,7 @@ async fn a_release_after_the_nodes_closed_its_connections_reports_a_lock_taken_m
         common::run(&cluster, i, &["CLIENT", "KILL", "SKIPME", "yes", "TYPE", "normal"]);
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let other = common::client(&cluster);
-    assert_eq!(other.force_release("k").await.unwrap(), 3);
-    other.try_lock("k").await.unwrap().release().await.unwrap();
+    common::take_over(&cluster, "k").await;
     assert!(lock.is_valid(), "staging: the lease ran out");
     let released = lock.release().await;
     assert_eq!(

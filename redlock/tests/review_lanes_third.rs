@@ -238,7 +238,7 @@ async fn a_healing_extension_landing_after_the_resends_leaves_no_key() {
     }
     let left = cluster.node(2).get("k").unwrap();
     let pttl = cluster.node(2).pttl("k").unwrap();
-    on_thread(move || drop(b)).await;
+    end(b).await;
     assert_ne!(
         left.as_deref(),
         Some(token.as_str()),

@@ -86,9 +86,7 @@ async fn a_release_sent_before_the_driver_saw_the_nodes_close_reports_a_lock_tak
     let decoy = rl.try_lock("decoy").await.unwrap();
     block_background_thread(decoy, 800).await;
     kill_clients(&cluster);
-    let other = common::client(&cluster);
-    assert_eq!(other.force_release("k").await.unwrap(), 3);
-    other.try_lock("k").await.unwrap().release().await.unwrap();
+    common::take_over(&cluster, "k").await;
     assert!(BLOCKING.load(Ordering::SeqCst), "staging: the block ended too soon");
     assert!(lock.is_valid(), "staging: the lease ran out");
     let released = lock.release().await;

@@ -174,6 +174,14 @@ pub async fn five_slowed_nodes(node_timeout: Duration) -> (FaultyCluster, Redloc
     (faulty, rl)
 }
 
+/// Another client force-releases `key` (answered by all `n` nodes), then takes it and
+/// releases it: whoever held `key` lost it meanwhile.
+pub async fn take_over(cluster: &Cluster, key: &str) {
+    let other = client(cluster);
+    assert_eq!(other.force_release(key).await.unwrap(), cluster.len());
+    other.try_lock(key).await.unwrap().release().await.unwrap();
+}
+
 /// Opens `rl`'s connections: a first lock and release, tried again for up to two seconds
 /// (opening the connections may take longer than a short node timeout on a loaded host).
 pub async fn warm(rl: &Redlock) {

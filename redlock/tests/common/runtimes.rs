@@ -65,20 +65,38 @@ pub async fn warm_on_two_runtimes(node_timeout: Duration) -> (FaultyCluster, Red
 }
 
 /// `lock` extended by `ttl` on runtime `b` (the extension must reach a quorum), returned
-/// with `b`, or with `None` once `b` has ended (`end`).
+/// with `b`.
 pub async fn extended_on<G: redlock::Guard + Send + 'static>(
     b: Runtime,
     mut lock: G,
     ttl: Duration,
-    end: bool,
-) -> (Option<Runtime>, G) {
+) -> (Runtime, G) {
     on_thread(move || {
         b.block_on(async { lock.extend(ttl).await.unwrap() });
-        if end {
-            drop(b);
-            return (None, lock);
-        }
-        (Some(b), lock)
+        (b, lock)
+    })
+    .await
+}
+
+/// Ends runtime `a` (dropped on a thread of its own).
+pub async fn end(a: Runtime) {
+    on_thread(move || drop(a)).await;
+}
+
+/// `n` new multi-thread runtimes on which `rl` locked and released a key of its own: each
+/// has its connections (and the nodes may give older runtimes' up for them).
+pub async fn more_runtimes(rl: &Redlock, n: usize) -> Vec<Runtime> {
+    let others = rl.clone();
+    on_thread(move || {
+        (0..n)
+            .map(|i| {
+                let runtime = multi_thread(2);
+                runtime.block_on(async {
+                    others.try_lock(&format!("other{i}")).await.unwrap().release().await.unwrap()
+                });
+                runtime
+            })
+            .collect::<Vec<_>>()
     })
     .await
 }

@@ -2,6 +2,7 @@
 
 mod common;
 
+use std::future::IntoFuture;
 use std::time::{Duration, Instant};
 
 use redlock::{ErrorKind, Redlock, Retry};
@@ -185,4 +186,148 @@ async fn a_task_asking_again_right_after_its_release_queues_behind_the_clients_w
         "woken by the waiter's release, not by the 5 s poll"
     );
     again.release().await.unwrap();
+}
+
+/// How many `SET` commands node `i` ran so far (a plain lock's acquisition is one).
+fn set_calls(cluster: &Cluster, i: usize) -> u64 {
+    let mut con = cluster.nodes()[i].connection().unwrap();
+    let info: String = redis::cmd("INFO").arg("commandstats").query(&mut con).unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_set:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().unwrap())
+}
+
+/// A client whose waiters poll every 10 ms: a busy line.
+fn eager(cluster: &Cluster, retry: Retry) -> Redlock {
+    common::builder(cluster, Duration::from_millis(50)).retry(retry).build().unwrap()
+}
+
+fn every_10_ms() -> Retry {
+    Retry::new()
+        .with_unbounded_attempts()
+        .with_delay(Duration::from_millis(10))
+        .with_jitter(Duration::ZERO)
+        .with_max_wait(Duration::from_secs(20))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_behind_the_first_in_line_leave_the_attempts_to_it_and_get_the_lock_in_turn() {
+    let cluster = common::cluster(5);
+    let holder = common::client(&cluster);
+    let rl = eager(&cluster, every_10_ms());
+    let held = holder.try_lock("line").await.unwrap();
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for n in 0..4 {
+        let (rl, order) = (rl.clone(), order.clone());
+        waiters.push(tokio::spawn(async move {
+            let lock = rl.lock("line").await.unwrap();
+            order.lock().unwrap().push(n);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            lock.release().await.unwrap();
+        }));
+        // In line (subscribed) before the next one asks.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let before = set_calls(&cluster, 0);
+    let hold = Duration::from_millis(500);
+    tokio::time::sleep(hold).await;
+    let calls = set_calls(&cluster, 0) - before;
+    held.release().await.unwrap();
+    for waiter in waiters {
+        waiter.await.unwrap();
+    }
+    // One waiter polling every 10 ms makes about 50 attempts in 500 ms; four, about 200.
+    assert!(calls < 100, "{calls} attempts in {hold:?}: the waiters behind the first polled too");
+    assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3], "served in the order they asked");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_behind_a_first_one_no_longer_polled_still_gets_the_lock() {
+    let cluster = common::cluster(5);
+    let holder = common::client(&cluster);
+    let rl = eager(&cluster, every_10_ms());
+    let held = holder.try_lock("stuck").await.unwrap();
+    // The first waiter is polled until it is in line, then kept without being polled.
+    let mut stuck = Box::pin(rl.lock("stuck").into_future());
+    assert!(tokio::time::timeout(Duration::from_millis(200), &mut stuck).await.is_err());
+    let second = tokio::spawn({
+        let rl = rl.clone();
+        async move {
+            let lock = rl.lock("stuck").await.unwrap();
+            let granted_at = Instant::now();
+            lock.release().await.unwrap();
+            granted_at
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    let gap = second.await.unwrap() - released_at;
+    // A first waiter counts as stalled after 2 x (10 ms + 8 x 50 ms) without an attempt.
+    assert!(gap < Duration::from_secs(3), "the second waiter waited {gap:?} behind a stalled one");
+    drop(stuck);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_behind_the_first_in_line_still_gives_up_after_its_attempts() {
+    let cluster = common::cluster(5);
+    let holder = common::client(&cluster);
+    let rl = eager(&cluster, every_10_ms());
+    let held = holder.try_lock("bounded").await.unwrap();
+    // First in line, and alive for longer than the second one's whole policy.
+    let first = tokio::spawn({
+        let rl = rl.clone();
+        async move {
+            rl.lock("bounded")
+                .retry(every_10_ms().with_max_wait(Duration::from_secs(2)))
+                .await
+                .map(drop)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let three = Retry::new()
+        .with_max_attempts(3)
+        .with_delay(Duration::from_millis(50))
+        .with_jitter(Duration::ZERO);
+    let started = Instant::now();
+    let err = rl.lock("bounded").retry(three).await.unwrap_err();
+    let waited = started.elapsed();
+    assert_eq!(err.kind(), ErrorKind::NotAcquired, "{err}");
+    assert_eq!(err.held_by_others(), 5, "the error of a real attempt: {err}");
+    assert!(waited < Duration::from_secs(1), "gave up after {waited:?}, not after three ticks");
+    assert_eq!(first.await.unwrap().unwrap_err().kind(), ErrorKind::NotAcquired);
+    held.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_not_held_back_by_a_first_one_that_needs_another_key_too() {
+    let cluster = common::cluster(5);
+    let holder = common::client(&cluster);
+    let rl = eager(&cluster, every_10_ms());
+    let a = holder.try_lock("a").await.unwrap();
+    let b = holder.try_lock("b").await.unwrap();
+    // First in line for "a": a lock of "a" and "b", which waits for "b" as well.
+    let both = tokio::spawn({
+        let rl = rl.clone();
+        async move { rl.many(&["a", "b"]).await.map(drop) }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let alone = tokio::spawn({
+        let rl = rl.clone();
+        async move { rl.lock("a").await.unwrap() }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let released_at = Instant::now();
+    a.release().await.unwrap();
+    // "b" stays held: the first waiter keeps failing, and must not hold this one back.
+    let lock = tokio::time::timeout(Duration::from_secs(2), alone)
+        .await
+        .expect("the lock of \"a\" waited behind the lock of \"a\" and \"b\"")
+        .unwrap();
+    assert!(released_at.elapsed() < Duration::from_secs(2));
+    lock.release().await.unwrap();
+    b.release().await.unwrap();
+    both.await.unwrap().unwrap();
 }

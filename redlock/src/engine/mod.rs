@@ -141,8 +141,8 @@ where
         let mut next = Some(first);
         // Woken by the releases of the first key (a multi-resource lock's other keys are
         // found by the timer).
-        let key = give_up.keys[0].clone();
-        let claim = wait::until_acquired(core, retry, &key, in_line, || {
+        let keys = give_up.keys.clone();
+        let claim = wait::until_acquired(core, retry, &keys, in_line, || {
             let proto = next.take().unwrap_or_else(&mut attempt);
             Claim::acquire(core, proto, ttl, resource.clone(), fenced)
         })

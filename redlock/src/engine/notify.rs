@@ -17,12 +17,13 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use redis::{Client, RedisWrite, ToRedisArgs};
 use tokio::sync::{Notify, mpsc};
 
+use crate::engine::protocol::Keys;
 use crate::node::Node;
 use crate::quorum;
 use crate::tasks::Tasks;
@@ -91,10 +92,13 @@ struct Channel {
     waiters: VecDeque<Arc<Waiter>>,
 }
 
-#[derive(Default)]
 struct Waiter {
     woken: AtomicBool,
     notify: Notify,
+    /// Every key of the hold it waits for.
+    keys: Keys,
+    /// When it last started an attempt.
+    last_attempt: Mutex<Option<Instant>>,
 }
 
 impl Waiter {
@@ -154,9 +158,9 @@ impl Releases {
         !registry.channels.is_empty() && registry.channels.contains_key(&*channel(key))
     }
 
-    /// Starts watching the releases of `key`; the subscribers start on the client's own
-    /// thread with the first watch.
-    pub(crate) fn watch(&self, key: &str, tasks: &Tasks) -> ReleaseWatch {
+    /// Starts watching the releases of the first of `keys`, the keys of the hold waited
+    /// for; the subscribers start on the client's own thread with the first watch.
+    pub(crate) fn watch(&self, keys: &Keys, tasks: &Tasks) -> ReleaseWatch {
         let subscribers = {
             let mut subscribers = self.subscribers.lock().unwrap_or_else(PoisonError::into_inner);
             if matches!(*subscribers, Subscribers::NotStarted) {
@@ -169,8 +173,14 @@ impl Releases {
             }
         };
         let subscribers = &subscribers;
-        let channel = channel(key);
-        let waiter = Arc::new(Waiter::default());
+        let channel = channel(keys.first().map_or("", |key| &**key));
+        let waiter = Arc::new(Waiter {
+            woken: AtomicBool::new(false),
+            notify: Notify::new(),
+            keys: keys.clone(),
+            // Alive as it joins: it just failed an attempt, or is about to make one.
+            last_attempt: Mutex::new(Some(Instant::now())),
+        });
         let mut registry = lock(&self.registry);
         let nodes = self.nodes.len();
         let watched = registry.channels.entry(channel.clone()).or_insert_with(|| {
@@ -227,6 +237,34 @@ impl ReleaseWatch {
             notified.await;
         }
     }
+
+    /// Records that this waiter starts an attempt.
+    pub(crate) fn attempting(&self) {
+        *lock(&self.waiter.last_attempt) = Some(Instant::now());
+    }
+
+    /// Records that this waiter got the lock: a wake-up it has not used yet came from a
+    /// release before its grant, and would only cost the next waiter a failed attempt.
+    pub(crate) fn granted(&self) {
+        self.waiter.woken.store(false, Ordering::Release);
+    }
+
+    /// Whether the first of this client's waiters in line is another one, alive (it
+    /// started an attempt less than `stall` ago) and waiting for no key this one does not
+    /// also need. For a hold that excludes every other, the keys are then free for this
+    /// one only when they are free for the first one, which is woken first. A waiter that
+    /// is alive attempts when it is woken and when its timer is due; one whose future is
+    /// no longer polled holds no one back.
+    pub(crate) fn behind_a_live_waiter(&self, stall: Duration) -> bool {
+        let registry = lock(&self.registry);
+        let Some(front) = registry.channels.get(&self.channel).and_then(|c| c.waiters.front())
+        else {
+            return false;
+        };
+        !Arc::ptr_eq(front, &self.waiter)
+            && front.keys.iter().all(|key| self.waiter.keys.contains(key))
+            && lock(&front.last_attempt).is_some_and(|at| at.elapsed() < stall)
+    }
 }
 
 impl Drop for ReleaseWatch {
@@ -256,8 +294,8 @@ fn send_all(
     }
 }
 
-fn lock(registry: &Mutex<Registry>) -> MutexGuard<'_, Registry> {
-    registry.lock().unwrap_or_else(PoisonError::into_inner)
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Keeps node `node`'s pub/sub connection, re-opening it after failures, until the client

@@ -124,11 +124,6 @@ impl Retry {
         Ok(())
     }
 
-    /// The longest pause between two attempts.
-    pub(crate) fn longest_pause(&self) -> Duration {
-        self.delay.saturating_add(self.jitter)
-    }
-
     /// The pause before the next attempt, after `attempts` attempts that started `waited`
     /// ago; `None` when the policy says to give up.
     pub(crate) fn next_pause(&self, attempts: u32, waited: Duration) -> Option<Duration> {

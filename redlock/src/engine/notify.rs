@@ -97,8 +97,19 @@ struct Waiter {
     notify: Notify,
     /// Every key of the hold it waits for.
     keys: Keys,
-    /// When it last started an attempt.
-    last_attempt: Mutex<Option<Instant>>,
+    /// Whether that hold excludes every other.
+    exclusive: bool,
+    attempts: Mutex<Attempts>,
+}
+
+/// A waiter's attempts, as the waiters behind it see them.
+struct Attempts {
+    /// When the last one started (or the waiter joined the line).
+    started: Instant,
+    /// How long the last finished one took.
+    took: Duration,
+    /// Whether it found the keys held by others on every node that answered.
+    held: bool,
 }
 
 impl Waiter {
@@ -159,8 +170,9 @@ impl Releases {
     }
 
     /// Starts watching the releases of the first of `keys`, the keys of the hold waited
-    /// for; the subscribers start on the client's own thread with the first watch.
-    pub(crate) fn watch(&self, keys: &Keys, tasks: &Tasks) -> ReleaseWatch {
+    /// for (`exclusive` if it excludes every other); the subscribers start on the client's
+    /// own thread with the first watch.
+    pub(crate) fn watch(&self, keys: &Keys, exclusive: bool, tasks: &Tasks) -> ReleaseWatch {
         let subscribers = {
             let mut subscribers = self.subscribers.lock().unwrap_or_else(PoisonError::into_inner);
             if matches!(*subscribers, Subscribers::NotStarted) {
@@ -178,8 +190,12 @@ impl Releases {
             woken: AtomicBool::new(false),
             notify: Notify::new(),
             keys: keys.clone(),
-            // Alive as it joins: it just failed an attempt, or is about to make one.
-            last_attempt: Mutex::new(Some(Instant::now())),
+            exclusive,
+            attempts: Mutex::new(Attempts {
+                started: Instant::now(),
+                took: Duration::ZERO,
+                held: false,
+            }),
         });
         let mut registry = lock(&self.registry);
         let nodes = self.nodes.len();
@@ -240,7 +256,15 @@ impl ReleaseWatch {
 
     /// Records that this waiter starts an attempt.
     pub(crate) fn attempting(&self) {
-        *lock(&self.waiter.last_attempt) = Some(Instant::now());
+        lock(&self.waiter.attempts).started = Instant::now();
+    }
+
+    /// Records how this waiter's attempt went: it took `took`, and `held` if it found the
+    /// keys held by others (no node said yes).
+    pub(crate) fn attempted(&self, took: Duration, held: bool) {
+        let mut attempts = lock(&self.waiter.attempts);
+        attempts.took = took;
+        attempts.held = held;
     }
 
     /// Records that this waiter got the lock: a wake-up it has not used yet came from a
@@ -249,21 +273,25 @@ impl ReleaseWatch {
         self.waiter.woken.store(false, Ordering::Release);
     }
 
-    /// Whether the first of this client's waiters in line is another one, alive (it
-    /// started an attempt less than `stall` ago) and waiting for no key this one does not
-    /// also need. For a hold that excludes every other, the keys are then free for this
-    /// one only when they are free for the first one, which is woken first. A waiter that
-    /// is alive attempts when it is woken and when its timer is due; one whose future is
-    /// no longer polled holds no one back.
-    pub(crate) fn behind_a_live_waiter(&self, stall: Duration) -> bool {
+    /// Whether the first of this client's waiters in line stands in for this one's tick:
+    /// it is another one, both holds exclude every other, it needs no key this one does
+    /// not, its last attempt found the keys held, and it started one since `since`. This
+    /// one's attempt could then only fail where the first one's did. Returns how long the
+    /// first one's last attempt took.
+    pub(crate) fn stand_in(&self, since: Instant) -> Option<Duration> {
+        if !self.waiter.exclusive {
+            return None;
+        }
         let registry = lock(&self.registry);
-        let Some(front) = registry.channels.get(&self.channel).and_then(|c| c.waiters.front())
-        else {
-            return false;
-        };
-        !Arc::ptr_eq(front, &self.waiter)
-            && front.keys.iter().all(|key| self.waiter.keys.contains(key))
-            && lock(&front.last_attempt).is_some_and(|at| at.elapsed() < stall)
+        let front = registry.channels.get(&self.channel)?.waiters.front()?;
+        if Arc::ptr_eq(front, &self.waiter)
+            || !front.exclusive
+            || !front.keys.iter().all(|key| self.waiter.keys.contains(key))
+        {
+            return None;
+        }
+        let attempts = lock(&front.attempts);
+        (attempts.held && attempts.started > since).then_some(attempts.took)
     }
 }
 

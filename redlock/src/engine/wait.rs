@@ -13,20 +13,24 @@
 //! again would otherwise race the waiter woken by its own release, and the split vote
 //! costs both of them a round.
 //!
-//! A waiter for an exclusive hold behind another of this client's waiters lets its timer's
-//! ticks pass while the first one in line is alive and waits for no key it does not also
-//! need: its attempt could only fail where the first one's does, or split the votes with
-//! it at a handoff. A tick let pass still counts against `max_attempts`, so that the policy
-//! bounds the wait as it would have, and the last one it allows is always an attempt. A
-//! first waiter that started no attempt for a while (its future is no longer polled)
-//! holds no one back. Release notifications wake the first waiter only, and one that got
-//! the lock does not hand on a wake-up from a release before its grant.
+//! A waiter for an exclusive hold behind another of this client's waiters lets a tick of
+//! its timer pass without an attempt when the first waiter in line stands in for it: an
+//! exclusive hold too, of no key this one does not also need, whose last attempt found
+//! the keys held (no node said yes), and which started an attempt since this one's last
+//! tick. Its attempt could only fail where the first one's did, or split the votes with it
+//! at a handoff. A tick let pass counts against `max_attempts` and is paced like an
+//! attempt (the pause plus the first waiter's last attempt), so that the policy bounds the
+//! wait as it would have, and the last tick it allows is always a real attempt. A first
+//! waiter that fails for another reason, polls more slowly, or stopped (its runtime
+//! blocked, its future no longer polled) stands in for no one. Release notifications wake
+//! the first waiter only, and one that got the lock does not hand on a wake-up from a
+//! release before its grant.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::error::Result;
+use crate::error::{ErrorKind, Result};
 use crate::retry::{self, Retry};
 
 use super::Core;
@@ -39,7 +43,7 @@ const SPLIT_RETRIES: u32 = 3;
 /// Runs `attempt` until it succeeds, fails for good, or `retry` gives up; between attempts,
 /// waits for a release of the first of `keys` (the hold's keys) or the policy's pause.
 /// With `in_line` (a hold that excludes every other), it first waits behind this client's
-/// waiters already in line for that key, if any.
+/// waiters already in line for that key, if any, and lets them stand in for its ticks.
 pub(crate) async fn until_acquired<T, F, Fut>(
     core: &Arc<Core>,
     retry: &Retry,
@@ -58,14 +62,12 @@ where
     let mut next_counted: Option<Instant> = None;
     // Subscribed after the first failure only: an uncontended lock costs no subscription.
     let mut releases: Option<ReleaseWatch> = None;
-    // Only an exclusive hold lets its timer pass behind another waiter (see `next_turn`).
-    let stall = if in_line { stall_after(retry, core.config.node_timeout) } else { Duration::ZERO };
     if in_line && keys.first().is_some_and(|key| core.releases.has_waiters(key)) {
-        let watch = releases.insert(core.releases.watch(keys, &core.tasks));
+        let watch = releases.insert(core.releases.watch(keys, in_line, &core.tasks));
         // Bounded like any wait: a lost notification costs one pause, not the lock.
         let pause = retry.next_pause(0, Duration::ZERO).unwrap_or_default();
-        let mut due = Instant::now() + pause;
-        woken = next_turn(watch, retry, stall, first, &mut counted, &mut due).await;
+        let mut due = after(pause);
+        woken = next_turn(watch, retry, first, &mut counted, &mut due).await;
     }
     loop {
         if !woken {
@@ -86,6 +88,8 @@ where
             Err(err) => err,
         };
         let took = started.elapsed();
+        let watch = releases.get_or_insert_with(|| core.releases.watch(keys, in_line, &core.tasks));
+        watch.attempted(took, err.kind() == ErrorKind::NotAcquired && err.granted() == 0);
         if woken && err.granted() > 0 && splits < SPLIT_RETRIES {
             // Some nodes said yes: another waiter woken by the same release split the
             // votes. Try again at once, but not in lockstep with it.
@@ -100,50 +104,46 @@ where
                 let Some(pause) = retry.next_pause(counted, first.elapsed()) else {
                     return Err(err);
                 };
-                Instant::now() + pause
+                after(pause)
             }
         };
-        let releases = releases.get_or_insert_with(|| core.releases.watch(keys, &core.tasks));
-        woken = next_turn(releases, retry, stall, first, &mut counted, &mut due).await;
+        woken = next_turn(watch, retry, first, &mut counted, &mut due).await;
         next_counted = woken.then_some(due);
     }
 }
 
 /// Waits for this waiter's next attempt: a release on a quorum it is woken for (`true`),
-/// or its timer (`false`: notifications can be lost), due at `due`. A tick behind a live
-/// first waiter (see [`ReleaseWatch::behind_a_live_waiter`]; `stall` is zero for holds
-/// that do not exclude every other) passes without an attempt: it counts in `counted`,
-/// and `due` becomes the next tick's time, unless it is the last the policy allows.
+/// or its timer (`false`: notifications can be lost), due at `due`. A tick for which the
+/// first waiter in line stands in (see [`ReleaseWatch::stand_in`]) passes without an
+/// attempt: it counts in `counted`, and `due` becomes the next tick's time, paced like an
+/// attempt, unless it is the last the policy allows.
 async fn next_turn(
     watch: &ReleaseWatch,
     retry: &Retry,
-    stall: Duration,
     first: Instant,
     counted: &mut u32,
     due: &mut Instant,
 ) -> bool {
+    let mut since = Instant::now();
     loop {
         tokio::select! {
             () = watch.released() => return true,
             () = tokio::time::sleep_until((*due).into()) => {}
         }
-        if !watch.behind_a_live_waiter(stall) {
-            return false;
-        }
+        let Some(its_attempt) = watch.stand_in(since) else { return false };
         match retry.next_pause(*counted + 1, first.elapsed()) {
             Some(pause) => {
                 *counted += 1;
-                *due = Instant::now() + pause;
+                since = Instant::now();
+                *due = after(pause.saturating_add(its_attempt));
             }
             None => return false,
         }
     }
 }
 
-/// How long a line with no attempt started counts as stalled: a waiter that is alive
-/// starts one at least every longest pause of the policy plus the longest attempt (an
-/// acquisition round, a fencing token's two, a clean-up, each bounded by the node
-/// timeout), or a split's pause after one; twice that, to spare a slow machine.
-fn stall_after(retry: &Retry, node_timeout: Duration) -> Duration {
-    retry.longest_pause().saturating_add(node_timeout.saturating_mul(8)).saturating_mul(2)
+/// The instant `pause` from now; far in the future for a pause too long to add.
+fn after(pause: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(pause).unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600))
 }

@@ -26,6 +26,21 @@ fn every(delay: Duration, max_wait: Duration) -> Retry {
         .with_max_wait(max_wait)
 }
 
+/// A task waiting for `key` with the client's policy, or with `retry`.
+fn waits(
+    rl: &Redlock,
+    key: &'static str,
+    retry: Option<Retry>,
+) -> tokio::task::JoinHandle<redlock::Result<()>> {
+    let rl = rl.clone();
+    tokio::spawn(async move {
+        match retry {
+            Some(retry) => rl.lock(key).retry(retry).await.map(drop),
+            None => rl.lock(key).await.map(drop),
+        }
+    })
+}
+
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
@@ -344,15 +359,9 @@ async fn an_in_line_wait_with_a_huge_delay_does_not_panic() {
     let holder = common::client(&cluster);
     let rl = client(&cluster, ms(200), every(ms(10), Duration::from_secs(5)));
     let held = holder.try_lock("huge").await.unwrap();
-    let first = tokio::spawn({
-        let rl = rl.clone();
-        async move { rl.lock("huge").await.map(drop) }
-    });
+    let first = waits(&rl, "huge", None);
     subscribed(&cluster, "huge", 3).await;
-    let second = tokio::spawn({
-        let rl = rl.clone();
-        async move { rl.lock("huge").retry(Retry::never().with_delay(Duration::MAX)).await.map(drop) }
-    });
+    let second = waits(&rl, "huge", Some(Retry::never().with_delay(Duration::MAX)));
     tokio::time::sleep(ms(200)).await;
     held.release().await.unwrap();
     first.await.unwrap().unwrap();
@@ -435,10 +444,7 @@ async fn behind_a_live_first_waiter_max_wait_bounds_the_wait_with_a_real_attempt
     let holder = common::client(&cluster);
     let rl = client(&cluster, ms(50), every(ms(10), Duration::from_secs(4)));
     let held = holder.try_lock("mw").await.unwrap();
-    let first = tokio::spawn({
-        let rl = rl.clone();
-        async move { rl.lock("mw").await.map(drop) }
-    });
+    let first = waits(&rl, "mw", None);
     subscribed(&cluster, "mw", 5).await;
     let started = Instant::now();
     let err = rl.lock("mw").retry(every(ms(50), ms(700))).await.unwrap_err();
@@ -494,17 +500,9 @@ async fn a_waiter_with_no_pause_behind_a_live_first_one_does_not_spin() {
     let holder = common::client(&cluster);
     let rl = client(&cluster, ms(50), every(ms(100), Duration::from_secs(5)));
     let held = holder.try_lock("spin").await.unwrap();
-    let first = tokio::spawn({
-        let rl = rl.clone();
-        async move { rl.lock("spin").await.map(drop) }
-    });
+    let first = waits(&rl, "spin", None);
     subscribed(&cluster, "spin", 5).await;
-    let second = tokio::spawn({
-        let rl = rl.clone();
-        async move {
-            rl.lock("spin").retry(every(Duration::ZERO, Duration::from_secs(5))).await.map(drop)
-        }
-    });
+    let second = waits(&rl, "spin", Some(every(Duration::ZERO, Duration::from_secs(5))));
     tokio::time::sleep(ms(200)).await;
     let before = cpu_ticks();
     tokio::time::sleep(Duration::from_secs(1)).await;

@@ -67,7 +67,8 @@ where
         // Bounded like any wait: a lost notification costs one pause, not the lock.
         let pause = retry.next_pause(0, Duration::ZERO).unwrap_or_default();
         let mut due = after(pause);
-        woken = next_turn(watch, retry, first, &mut counted, &mut due).await;
+        woken =
+            next_turn(watch, retry, core.config.node_timeout, first, &mut counted, &mut due).await;
     }
     loop {
         if !woken {
@@ -107,7 +108,8 @@ where
                 after(pause)
             }
         };
-        woken = next_turn(watch, retry, first, &mut counted, &mut due).await;
+        woken =
+            next_turn(watch, retry, core.config.node_timeout, first, &mut counted, &mut due).await;
         next_counted = woken.then_some(due);
     }
 }
@@ -116,10 +118,12 @@ where
 /// or its timer (`false`: notifications can be lost), due at `due`. A tick for which the
 /// first waiter in line stands in (see [`ReleaseWatch::stand_in`]) passes without an
 /// attempt: it counts in `counted`, and `due` becomes the next tick's time, paced like an
-/// attempt, unless it is the last the policy allows.
+/// attempt (of at most `round`, the node timeout), unless the policy allows no tick after
+/// that one within its bounds.
 async fn next_turn(
     watch: &ReleaseWatch,
     retry: &Retry,
+    round: Duration,
     first: Instant,
     counted: &mut u32,
     due: &mut Instant,
@@ -131,7 +135,10 @@ async fn next_turn(
             () = tokio::time::sleep_until((*due).into()) => {}
         }
         let Some(its_attempt) = watch.stand_in(since) else { return false };
-        match retry.next_pause(*counted + 1, first.elapsed()) {
+        // Paced like the attempt it stands for, whose time a runtime's stall does not
+        // stretch beyond a round's bound; and never past the policy's last tick.
+        let its_attempt = its_attempt.min(round);
+        match retry.next_pause(*counted + 1, first.elapsed().saturating_add(its_attempt)) {
             Some(pause) => {
                 *counted += 1;
                 since = Instant::now();

@@ -333,3 +333,24 @@ async fn a_waiter_is_not_held_back_by_a_first_one_that_needs_another_key_too() {
     b.release().await.unwrap();
     both.await.unwrap().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_that_gives_up_after_its_first_attempt_opens_no_subscription() {
+    let cluster = common::cluster(3);
+    let holder = common::client(&cluster);
+    // Its next pause would end past its max_wait: it gives up after one attempt.
+    let brief = Retry::new()
+        .with_unbounded_attempts()
+        .with_delay(Duration::from_millis(100))
+        .with_max_wait(Duration::from_millis(10));
+    let rl = eager(&cluster, brief);
+    let held = holder.try_lock("once").await.unwrap();
+    let err = rl.lock("once").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotAcquired);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut con = cluster.nodes()[0].connection().unwrap();
+    let clients: String = redis::cmd("CLIENT").arg("LIST").query(&mut con).unwrap();
+    let subscribers: Vec<&str> = clients.lines().filter(|c| c.contains("subscribe")).collect();
+    assert!(subscribers.is_empty(), "pub/sub for a wait that never waited: {subscribers:?}");
+    held.release().await.unwrap();
+}

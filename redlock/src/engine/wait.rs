@@ -89,8 +89,10 @@ where
             Err(err) => err,
         };
         let took = started.elapsed();
-        let watch = releases.get_or_insert_with(|| core.releases.watch(keys, in_line, &core.tasks));
-        watch.attempted(took, err.kind() == ErrorKind::NotAcquired && err.granted() == 0);
+        let held = err.kind() == ErrorKind::NotAcquired && err.granted() == 0;
+        if let Some(watch) = &releases {
+            watch.attempted(took, held);
+        }
         if woken && err.granted() > 0 && splits < SPLIT_RETRIES {
             // Some nodes said yes: another waiter woken by the same release split the
             // votes. Try again at once, but not in lockstep with it.
@@ -106,6 +108,15 @@ where
                     return Err(err);
                 };
                 after(pause)
+            }
+        };
+        let watch = match &mut releases {
+            Some(watch) => watch,
+            // Subscribed once it waits: a policy that gives up at once costs no subscription.
+            None => {
+                let watch = releases.insert(core.releases.watch(keys, in_line, &core.tasks));
+                watch.attempted(took, held);
+                watch
             }
         };
         woken =

@@ -1,9 +1,10 @@
 //! One call to one node (a command and what it must wait for), and the ordering rules
 //! every call follows:
 //!
-//! - it goes out only after the requests it must follow on that node are over (`after`):
-//!   for an undo, the request it undoes; for an acquisition, this client's undos still in
-//!   flight on the same key;
+//! - it goes out only after the requests it must follow on that node: for an undo, once
+//!   the request it undoes is over; for an acquisition, once this client's undos still in
+//!   flight on the same key went out (the node runs them first: they share its one
+//!   connection, and an acquisition needs their effect, not their answers);
 //! - its own exchange with the node is bounded by the node timeout; an acquisition's wait
 //!   counts against it too (it is worthless once the round is over), an undo's does not
 //!   (an undo whose clock ran while it waited could time out before it is even queued);
@@ -67,13 +68,13 @@ impl NodeCall {
             let started = telemetry::request_started();
             let reply = if op == Op::Acquire {
                 let exchange = async {
-                    turn.wait_turn(&after).await;
-                    node.send(&command).await
+                    turn.wait_behind(&after).await;
+                    queued(node.send(&command), &turn).await
                 };
                 tokio::time::timeout(timeout, exchange).await
             } else {
                 turn.wait_turn(&after).await;
-                tokio::time::timeout(timeout, node.send(&command)).await
+                tokio::time::timeout(timeout, queued(node.send(&command), &turn)).await
             };
             let reply = match reply {
                 Ok(reply) if reply.is_lost() && op.is_undo() => {
@@ -102,6 +103,21 @@ impl NodeCall {
             (i, answer.outcome)
         }
     }
+}
+
+/// Runs `send` (a node's send), recording in `turn` after its first poll: the command is
+/// then queued on the node's connection, ahead of any command queued there later.
+async fn queued<F: Future>(send: F, turn: &SettleOnDrop) -> F::Output {
+    let mut send = std::pin::pin!(send);
+    let mut first = true;
+    std::future::poll_fn(|cx| {
+        let polled = send.as_mut().poll(cx);
+        if std::mem::take(&mut first) {
+            turn.went_out();
+        }
+        polled
+    })
+    .await
 }
 
 /// Pauses before a lost undo goes out again: the first is short (a reset connection is

@@ -341,9 +341,23 @@ impl<P: Protocol> Claim<P> {
     ) {
         let requests = self.everywhere(op, command);
         let tracked = self.track(&requests);
+        if op == Op::Release {
+            self.announce_release();
+        }
         let (round, rest) =
             round::run(requests, Instant::now(), quorum::settle_hold, &self.core.nodes).await;
         (round, rest, tracked)
+    }
+
+    /// Wakes this client's first waiter for the keys at once, for the release just
+    /// tracked, if the hold is exclusive (its release leaves the keys free): the waiter's
+    /// acquisition goes out behind the release on every node.
+    fn announce_release(&self) {
+        if self.proto.is_exclusive()
+            && let Some(key) = self.proto.keys().first()
+        {
+            self.core.releases.announce(key, self.core.config.node_timeout);
+        }
     }
 
     /// `op` on every node, each request queued behind this claim's latest there.
@@ -417,6 +431,7 @@ impl<P: Protocol> Claim<P> {
         let command = Arc::new(self.proto.command(Op::Release, self.ttl));
         let requests = self.everywhere(Op::Release, &command);
         let tracked = self.track(&requests);
+        self.announce_release();
         let unsent = Round::none(self.core.nodes.len(), Instant::now());
         self.finish_undos(requests, &unsent, tracked, (Op::Release, &command), "release");
     }

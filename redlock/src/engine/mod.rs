@@ -134,7 +134,7 @@ where
             return Claim::acquire(core, first, ttl, resource, fenced).await;
         };
         let keys = first.keys().clone();
-        let in_line = first.waits_in_line();
+        let in_line = first.is_exclusive();
         let generations = core.nodes.iter().map(|node| node.generation()).collect();
         let mut give_up =
             GiveUp { core, keys, resource: resource.clone(), withdrawal, generations };

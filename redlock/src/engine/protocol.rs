@@ -109,12 +109,13 @@ pub(crate) trait Protocol: Send + Sync + 'static {
     /// What `reply` to `op` means.
     fn answer(&self, op: Op, reply: &Reply) -> Answer;
 
-    /// Whether a new wait for this hold queues behind this client's waiters already in
-    /// line for the key, instead of trying at once: true for the holds that exclude each
-    /// other, where barging in would split the nodes' votes at the next handoff; false for
-    /// those that may coexist with what the others wait for (a reentrant owner's next
-    /// hold, a read share).
-    fn waits_in_line(&self) -> bool {
+    /// Whether this hold excludes every other on its keys, and its release removes every
+    /// hold there (a plain or multi-resource lock, a write share); false for those that
+    /// may coexist with others (a reentrant owner's holds, a read share). A new wait for
+    /// such a hold queues behind this client's waiters already in line for the key,
+    /// instead of trying at once (barging in would split the nodes' votes at the next
+    /// handoff), and its release wakes the first of them at once.
+    fn is_exclusive(&self) -> bool {
         false
     }
 }

@@ -77,7 +77,7 @@ impl Multi {
 }
 
 impl Protocol for Multi {
-    fn waits_in_line(&self) -> bool {
+    fn is_exclusive(&self) -> bool {
         true
     }
 

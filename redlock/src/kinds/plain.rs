@@ -38,7 +38,7 @@ impl Plain {
 }
 
 impl Protocol for Plain {
-    fn waits_in_line(&self) -> bool {
+    fn is_exclusive(&self) -> bool {
         true
     }
 

@@ -98,7 +98,7 @@ impl Share {
 }
 
 impl Protocol for Share {
-    fn waits_in_line(&self) -> bool {
+    fn is_exclusive(&self) -> bool {
         self.mode == Mode::Write
     }
 

@@ -354,3 +354,82 @@ async fn a_wait_that_gives_up_after_its_first_attempt_opens_no_subscription() {
     assert!(subscribers.is_empty(), "pub/sub for a wait that never waited: {subscribers:?}");
     held.release().await.unwrap();
 }
+
+/// Five nodes, each `one_way` away, and a client of them that polls every 10 s: only a
+/// release can explain a grant.
+async fn far_apart(one_way: u64) -> (redlock_testkit::FaultyCluster, Redlock) {
+    let faulty = redlock_testkit::FaultyCluster::start(5).unwrap();
+    let rl = common::builder_for(faulty.urls(), Duration::from_secs(2))
+        .retry(
+            Retry::new()
+                .with_unbounded_attempts()
+                .with_delay(Duration::from_secs(10))
+                .with_jitter(Duration::ZERO)
+                .with_max_wait(Duration::from_secs(30)),
+        )
+        .build()
+        .unwrap();
+    common::warm(&rl).await;
+    for i in 0..5 {
+        faulty.proxy(i).set_fault(common::latency(one_way));
+    }
+    (faulty, rl)
+}
+
+/// A held lock of an exclusive kind, as a future that releases it.
+type Held = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Waits for `key` as a lock of `kind` (a plain lock, a multi-resource lock of `key` and
+/// another, a write share) and returns its release.
+async fn acquire(rl: Redlock, key: &'static str, kind: &'static str) -> Held {
+    fn release<G: redlock::Guard + Send + 'static>(guard: G) -> Held {
+        Box::pin(async move { guard.release().await.unwrap() })
+    }
+    match kind {
+        "plain" => release(rl.lock(key).await.unwrap()),
+        "multi" => release(rl.many(&[key, "other"]).await.unwrap()),
+        _ => release(rl.write(key).await.unwrap()),
+    }
+}
+
+/// Holds `key` in one task and hands it to a waiter of the same client (an exclusive
+/// `kind`); returns the gap from the start of the release to the waiter's grant.
+async fn handoff_gap(
+    rl: &Redlock,
+    cluster: &Cluster,
+    key: &'static str,
+    kind: &'static str,
+) -> Duration {
+    let held = acquire(rl.clone(), key, kind).await;
+    let waiter = tokio::spawn(acquire(rl.clone(), key, kind));
+    // The waiter failed once and is in line (subscribed).
+    assert!(
+        common::eventually(Duration::from_secs(5), || common::subscribers(cluster, key)
+            .iter()
+            .all(|&n| n == 1))
+        .await
+    );
+    let released_at = Instant::now();
+    held.await;
+    let next = waiter.await.unwrap();
+    let gap = released_at.elapsed();
+    next.await;
+    gap
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handoff_between_tasks_of_one_client_takes_one_round_trip() {
+    // 40 ms each way: one round trip is 80 ms. A release round, then a notification, then
+    // an acquisition round would take two round trips at least (160 ms).
+    let (faulty, rl) = far_apart(40).await;
+    let round_trip = Duration::from_millis(80);
+    for (key, kind) in
+        [("plain-turns", "plain"), ("multi-turns", "multi"), ("write-turns", "write")]
+    {
+        let gap = handoff_gap(&rl, faulty.cluster(), key, kind).await;
+        assert!(
+            gap >= round_trip && gap < round_trip * 3 / 2,
+            "{kind}: the handoff took {gap:?}, not one round trip of {round_trip:?}"
+        );
+    }
+}

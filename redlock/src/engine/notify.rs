@@ -466,4 +466,20 @@ mod tests {
         assert!(!channel.published(1, 3));
         assert!(channel.published(4, 3), "the next release, on another quorum");
     }
+
+    #[test]
+    fn the_publications_of_an_announced_release_wake_no_one_again() {
+        let mut channel =
+            Channel { counts: vec![0; 3], releases: 0, announced: None, waiters: VecDeque::new() };
+        channel.announced = Some(Instant::now() + Duration::from_secs(60));
+        assert!(channel.published(0, 2) || channel.published(1, 2));
+        assert!(channel.was_announced(), "the announced release itself");
+        assert!(channel.published(0, 2) || channel.published(1, 2));
+        assert!(!channel.was_announced(), "the next release wakes the first waiter again");
+        // An announcement whose release never came on a quorum (it failed) swallows at
+        // most a release that comes within its window, never a later one.
+        channel.announced = Some(Instant::now() - Duration::from_millis(1));
+        assert!(channel.published(0, 2) || channel.published(1, 2));
+        assert!(!channel.was_announced());
+    }
 }

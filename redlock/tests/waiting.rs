@@ -433,3 +433,77 @@ async fn a_handoff_between_tasks_of_one_client_takes_one_round_trip() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_does_not_poll_while_a_task_of_its_client_holds_the_lock() {
+    let cluster = common::cluster(5);
+    let rl = eager(&cluster, every_10_ms());
+    let first = rl.try_lock("held-here").await.unwrap();
+    // The second task is granted at the first one's release, while the third waits: this
+    // client then knows that its own hold excludes the third.
+    let hold = Duration::from_millis(500);
+    let (granted, second_granted) = tokio::sync::oneshot::channel();
+    let second = tokio::spawn({
+        let rl = rl.clone();
+        async move {
+            let lock = rl.lock("held-here").await.unwrap();
+            granted.send(()).unwrap();
+            tokio::time::sleep(hold).await;
+            let released_at = Instant::now();
+            lock.release().await.unwrap();
+            released_at
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let third = tokio::spawn({
+        let rl = rl.clone();
+        async move {
+            rl.lock("held-here").await.unwrap().release().await.unwrap();
+            Instant::now()
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    first.release().await.unwrap();
+    second_granted.await.unwrap();
+    let set_calls_everywhere = || (0..5).map(|i| set_calls(&cluster, i)).sum::<u64>();
+    let before = set_calls_everywhere();
+    tokio::time::sleep(hold - Duration::from_millis(100)).await;
+    let calls = set_calls_everywhere() - before;
+    let released_at = second.await.unwrap();
+    let done_at = third.await.unwrap();
+    // Polling every 10 ms, the third task would try about 40 times (200 SETs) meanwhile.
+    assert_eq!(calls, 0, "{calls} SETs while a task of the same client held the lock");
+    assert!(done_at - released_at < Duration::from_secs(1), "the release woke the third task");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_polls_again_once_its_clients_hold_is_past_its_validity() {
+    let cluster = common::cluster(5);
+    let rl = eager(&cluster, every_10_ms());
+    let first = rl.try_lock("left-here").await.unwrap();
+    let ttl = Duration::from_millis(300);
+    // Granted while the third task waits, then forgotten: no release, no notification.
+    let second = tokio::spawn({
+        let rl = rl.clone();
+        async move {
+            let lock = rl.lock("left-here").ttl(ttl).await.unwrap();
+            let granted_at = Instant::now();
+            std::mem::forget(lock);
+            granted_at
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let third = tokio::spawn({
+        let rl = rl.clone();
+        async move {
+            rl.lock("left-here").await.unwrap().release().await.unwrap();
+            Instant::now()
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    first.release().await.unwrap();
+    let granted_at = second.await.unwrap();
+    let done_at = tokio::time::timeout(Duration::from_secs(5), third).await.unwrap().unwrap();
+    assert!(done_at - granted_at >= ttl - Duration::from_millis(50), "the hold was still valid");
+    assert!(done_at - granted_at < ttl * 2, "found {:?} after the grant", done_at - granted_at);
+}

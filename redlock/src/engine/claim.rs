@@ -139,6 +139,7 @@ impl<P: Protocol> Claim<P> {
         let err = match round.settled {
             Settled::Reached if round.decided_at < claim.deadline => {
                 if !fenced {
+                    claim.note_hold();
                     return Ok((claim, round));
                 }
                 match fencing::fix_token(core, &proto.keys()[0], &claim.resource, claim.deadline)
@@ -146,6 +147,7 @@ impl<P: Protocol> Claim<P> {
                 {
                     Ok(token) => {
                         claim.fence = Some(token);
+                        claim.note_hold();
                         return Ok((claim, round));
                     }
                     Err(err) => err,
@@ -260,6 +262,7 @@ impl<P: Protocol> Claim<P> {
                 Some(_) => {
                     self.deadline = ttl.deadline(started_at);
                     self.ttl = ttl;
+                    self.note_hold();
                     Ok(())
                 }
                 None => Err(self.round_error(
@@ -347,6 +350,16 @@ impl<P: Protocol> Claim<P> {
         let (round, rest) =
             round::run(requests, Instant::now(), quorum::settle_hold, &self.core.nodes).await;
         (round, rest, tracked)
+    }
+
+    /// Tells this client's waiters for the keys, if any, that this hold excludes them until
+    /// its validity ends, if it is exclusive: their timers need not try meanwhile.
+    fn note_hold(&self) {
+        if self.proto.is_exclusive()
+            && let Some(key) = self.proto.keys().first()
+        {
+            self.core.releases.hold(key, self.deadline);
+        }
     }
 
     /// Wakes this client's first waiter for the keys at once, for the release just

@@ -19,10 +19,14 @@
 //! release, and a handoff between two tasks of one client takes one round trip instead of
 //! a release round, a notification and an acquisition round. The publications of that
 //! release then wake no one again.
+//!
+//! While a hold of this client that excludes every other is valid on a key, its waiters'
+//! timers pass without an attempt (see `wait`): an attempt could only fail, and the
+//! hold's release wakes the first of them at once.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -74,6 +78,9 @@ const BACKOFF: (Duration, Duration) = (Duration::from_millis(50), Duration::from
 pub(crate) struct Releases {
     nodes: Vec<(Client, Duration)>,
     registry: Arc<Mutex<Registry>>,
+    /// How many channels are watched: lets a lock's grant and release skip the registry
+    /// when no one waits.
+    watched: Arc<AtomicUsize>,
     /// One command queue per node's subscriber task, started with the first waiter. The
     /// tasks end when these senders are dropped: with the client, or at its shutdown.
     subscribers: Mutex<Subscribers>,
@@ -98,6 +105,9 @@ struct Channel {
     releases: u64,
     /// Until when the next release on a quorum is one this client announced itself.
     announced: Option<Instant>,
+    /// Until when a hold of this client excludes every other on the key (its validity),
+    /// if one was granted or extended while this channel was watched and not released.
+    held: Option<Instant>,
     waiters: VecDeque<Arc<Waiter>>,
 }
 
@@ -135,6 +145,16 @@ enum Subscription {
 }
 
 impl Channel {
+    fn new(nodes: usize) -> Self {
+        Self {
+            counts: vec![0; nodes],
+            releases: 0,
+            announced: None,
+            held: None,
+            waiters: VecDeque::new(),
+        }
+    }
+
     /// Counts a publication from node `node`; `true` when it completes a release on a quorum.
     fn published(&mut self, node: usize, quorum: usize) -> bool {
         if let Some(count) = self.counts.get_mut(node) {
@@ -168,6 +188,7 @@ impl Releases {
                 quorum: quorum::quorum(nodes.len()),
                 channels: HashMap::new(),
             })),
+            watched: Arc::new(AtomicUsize::new(0)),
             subscribers: Mutex::default(),
         }
     }
@@ -189,15 +210,30 @@ impl Releases {
     /// that the waiter's acquisition goes out behind it). The release's publications, if
     /// they come within `within`, wake no one again.
     pub(crate) fn announce(&self, key: &str, within: Duration) {
-        let mut registry = lock(&self.registry);
-        // Checked before the channel's name is built: the common case waits for nothing.
-        if registry.channels.is_empty() {
+        self.with_channel(key, |watched| {
+            watched.announced = Some(Instant::now() + within);
+            watched.held = None;
+            if let Some(first) = watched.waiters.front() {
+                first.wake();
+            }
+        });
+    }
+
+    /// Records that a hold of this client that excludes every other on `key` is valid
+    /// until `until` (granted or extended), if some waiter of this client watches `key`.
+    pub(crate) fn hold(&self, key: &str, until: Instant) {
+        self.with_channel(key, |watched| watched.held = Some(until));
+    }
+
+    /// Runs `change` on `key`'s channel if it is watched; the common case, where no one
+    /// waits, neither locks nor builds the channel's name.
+    fn with_channel(&self, key: &str, change: impl FnOnce(&mut Channel)) {
+        if self.watched.load(Ordering::Acquire) == 0 {
             return;
         }
-        let Some(watched) = registry.channels.get_mut(&*channel(key)) else { return };
-        watched.announced = Some(Instant::now() + within);
-        if let Some(first) = watched.waiters.front() {
-            first.wake();
+        let mut registry = lock(&self.registry);
+        if let Some(watched) = registry.channels.get_mut(&*channel(key)) {
+            change(watched);
         }
     }
 
@@ -235,18 +271,15 @@ impl Releases {
             // Sent under the registry lock, so that the subscriber tasks see subscribe and
             // unsubscribe commands in the order the registry changed.
             send_all(subscribers, || Subscription::Subscribe(channel.clone()));
-            Channel {
-                counts: vec![0; nodes],
-                releases: 0,
-                announced: None,
-                waiters: VecDeque::new(),
-            }
+            self.watched.fetch_add(1, Ordering::AcqRel);
+            Channel::new(nodes)
         });
         watched.waiters.push_back(waiter.clone());
         ReleaseWatch {
             channel,
             waiter,
             registry: self.registry.clone(),
+            watched: self.watched.clone(),
             subscribers: subscribers.clone(),
         }
     }
@@ -273,6 +306,7 @@ pub(crate) struct ReleaseWatch {
     channel: Arc<str>,
     waiter: Arc<Waiter>,
     registry: Arc<Mutex<Registry>>,
+    watched: Arc<AtomicUsize>,
     subscribers: Vec<mpsc::UnboundedSender<Subscription>>,
 }
 
@@ -310,17 +344,24 @@ impl ReleaseWatch {
         self.waiter.woken.store(false, Ordering::Release);
     }
 
-    /// Whether the first of this client's waiters in line stands in for this one's tick:
-    /// it is another one, both holds exclude every other, it needs no key this one does
-    /// not, its last attempt found the keys held, and it started one since `since`. This
-    /// one's attempt could then only fail where the first one's did. Returns how long the
-    /// first one's last attempt took.
+    /// Whether this waiter's tick may pass without an attempt, which could only fail: a
+    /// hold of this client that excludes every other is valid on the key (its release
+    /// wakes the first waiter), or the first of this client's waiters in line stands in
+    /// for this one: it is another one, both holds exclude every other, it needs no key
+    /// this one does not, its last attempt found the keys held, and it started one since
+    /// `since` (this one's attempt could then only fail where the first one's did).
+    /// Returns how long the attempt it stands for took: none for the hold, the first
+    /// waiter's last one otherwise.
     pub(crate) fn stand_in(&self, since: Instant) -> Option<Duration> {
+        let registry = lock(&self.registry);
+        let watched = registry.channels.get(&self.channel)?;
+        if watched.held.is_some_and(|until| Instant::now() < until) {
+            return Some(Duration::ZERO);
+        }
         if !self.waiter.exclusive {
             return None;
         }
-        let registry = lock(&self.registry);
-        let front = registry.channels.get(&self.channel)?.waiters.front()?;
+        let front = watched.waiters.front()?;
         if Arc::ptr_eq(front, &self.waiter)
             || !front.exclusive
             || !front.keys.iter().all(|key| self.waiter.keys.contains(key))
@@ -344,6 +385,7 @@ impl Drop for ReleaseWatch {
         }
         if watched.waiters.is_empty() {
             registry.channels.remove(&self.channel);
+            self.watched.fetch_sub(1, Ordering::AcqRel);
             send_all(&self.subscribers, || Subscription::Unsubscribe(self.channel.clone()));
         }
     }
@@ -455,8 +497,7 @@ mod tests {
 
     #[test]
     fn a_release_counts_once_a_quorum_of_nodes_published_it() {
-        let mut channel =
-            Channel { counts: vec![0; 5], releases: 0, announced: None, waiters: VecDeque::new() };
+        let mut channel = Channel::new(5);
         assert!(!channel.published(0, 3));
         assert!(!channel.published(3, 3));
         assert!(channel.published(1, 3), "the third node completes the release");
@@ -469,8 +510,7 @@ mod tests {
 
     #[test]
     fn the_publications_of_an_announced_release_wake_no_one_again() {
-        let mut channel =
-            Channel { counts: vec![0; 3], releases: 0, announced: None, waiters: VecDeque::new() };
+        let mut channel = Channel::new(3);
         channel.announced = Some(Instant::now() + Duration::from_secs(60));
         assert!(channel.published(0, 2) || channel.published(1, 2));
         assert!(channel.was_announced(), "the announced release itself");

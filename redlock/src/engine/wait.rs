@@ -25,6 +25,13 @@
 //! blocked, its future no longer polled) stands in for no one. Release notifications wake
 //! the first waiter only, and one that got the lock does not hand on a wake-up from a
 //! release before its grant.
+//!
+//! Every waiter's tick also passes without an attempt while a hold of this client that
+//! excludes every other is valid on the key (granted or extended while the waiter
+//! watched, not released since): the attempt could only fail, and that hold's release
+//! wakes the first waiter at once, its acquisition going out right behind the release
+//! (see `notify`). Once the hold's validity is over (a guard forgotten, a holder gone
+//! quiet), the ticks try again.
 
 use std::future::Future;
 use std::sync::Arc;

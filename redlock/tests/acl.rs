@@ -214,7 +214,9 @@ async fn a_key_pattern_without_the_prefix_is_unavailable_with_noperm_from_every_
 }
 
 /// Everything a client does, as one user; `Err` with what failed first.
-async fn workload(rl: &Redlock, cluster: &Cluster) -> Result<(), String> {
+/// Every kind's operations through `rl`, and a handoff to a waiter of another client,
+/// `other` (a waiter of the same client is woken without the nodes' notification).
+async fn workload(rl: &Redlock, other: &Redlock, cluster: &Cluster) -> Result<(), String> {
     let e = |what: &str| {
         let what = what.to_owned();
         move |err: redlock::Error| format!("{what}: {err}")
@@ -250,7 +252,7 @@ async fn workload(rl: &Redlock, cluster: &Cluster) -> Result<(), String> {
     fenced.release().await.map_err(e("fenced release"))?;
     let held = rl.try_lock("handoff").await.map_err(e("handoff"))?;
     let mut waiter = tokio::spawn({
-        let rl = rl.clone();
+        let rl = other.clone();
         async move { rl.lock("handoff").retry(Retry::new().with_delay(Duration::from_secs(20))).await }
     });
     let subscribed = common::eventually(Duration::from_secs(2), || {
@@ -317,18 +319,22 @@ async fn every_rule_of_the_minimal_set_is_needed() {
             node.flushall().unwrap();
             node.command(&["SCRIPT", "FLUSH"]).unwrap();
         }
-        let rl = Redlock::builder()
-            .nodes(urls.clone())
-            .key_prefix("app:")
-            .node_timeout(Duration::from_millis(500))
-            .restart_quarantine(Duration::from_millis(1))
-            .retry(Retry::never())
-            .build()
-            .unwrap();
-        let outcome = workload(&rl, &cluster).await;
+        let client = || {
+            Redlock::builder()
+                .nodes(urls.clone())
+                .key_prefix("app:")
+                .node_timeout(Duration::from_millis(500))
+                .restart_quarantine(Duration::from_millis(1))
+                .retry(Retry::never())
+                .build()
+                .unwrap()
+        };
+        let (rl, other) = (client(), client());
+        let outcome = workload(&rl, &other, &cluster).await;
         // Nothing of this round may run into the next one's rules (a background release
         // sending a script by EVAL would fill the script cache).
         let _ = rl.shutdown(Duration::from_secs(2)).await;
+        let _ = other.shutdown(Duration::from_secs(2)).await;
         eprintln!("{i} without {dropped:?}: {outcome:?}");
         match dropped {
             None => outcome.unwrap(),

@@ -4,7 +4,8 @@
 //! - it goes out only after the requests it must follow on that node: for an undo, once
 //!   the request it undoes is over; for an acquisition, once this client's undos still in
 //!   flight on the same key went out (the node runs them first: they share its one
-//!   connection, and an acquisition needs their effect, not their answers);
+//!   connection, and an acquisition needs their effect, not their answers); one lost with
+//!   that connection goes out once more after them, once they are over;
 //! - its own exchange with the node is bounded by the node timeout; an acquisition's wait
 //!   counts against it too (it is worthless once the round is over), an undo's does not
 //!   (an undo whose clock ran while it waited could time out before it is even queued);
@@ -69,7 +70,12 @@ impl NodeCall {
             let reply = if op == Op::Acquire {
                 let exchange = async {
                     turn.wait_behind(&after).await;
-                    queued(node.send(&command), &turn).await
+                    let reply = queued(node.send(&command), &turn).await;
+                    if !reply.is_lost() || after.is_empty() {
+                        return reply;
+                    }
+                    // Rare: boxed, so that every request's future stays small.
+                    Box::pin(acquire_again(&node, &command, &after, reply)).await
                 };
                 tokio::time::timeout(timeout, exchange).await
             } else {
@@ -118,6 +124,21 @@ async fn queued<F: Future>(send: F, turn: &SettleOnDrop) -> F::Output {
         polled
     })
     .await
+}
+
+/// Sends a lost acquisition (`first`) once more, once the undos it followed (`after`) are
+/// over: it went out right behind them on their connection, and was lost with it; they are
+/// sent again on a new one (see [`undo_again`]), and going out ahead of them there, it
+/// would find this client's own stale key. Safe to repeat, like every acquisition.
+async fn acquire_again(node: &Node, command: &Command, after: &[Slot], first: Reply) -> Reply {
+    if command.resend() != Resend::Safe {
+        return first;
+    }
+    for slot in after {
+        slot.settled().await;
+    }
+    let again = node.send(command).await;
+    Reply { resent: first.resent || first.written || again.resent, ..again }
 }
 
 /// Pauses before a lost undo goes out again: the first is short (a reset connection is

@@ -439,41 +439,41 @@ async fn a_waiter_does_not_poll_while_a_task_of_its_client_holds_the_lock() {
     let cluster = common::cluster(5);
     let rl = eager(&cluster, every_10_ms());
     let first = rl.try_lock("held-here").await.unwrap();
-    // The second task is granted at the first one's release, while the third waits: this
-    // client then knows that its own hold excludes the third.
+    // Two waiters; the one granted at the release holds the lock while the other waits:
+    // this client then knows that its own hold excludes the other.
     let hold = Duration::from_millis(500);
-    let (granted, second_granted) = tokio::sync::oneshot::channel();
-    let second = tokio::spawn({
-        let rl = rl.clone();
-        async move {
-            let lock = rl.lock("held-here").await.unwrap();
-            granted.send(()).unwrap();
-            tokio::time::sleep(hold).await;
-            let released_at = Instant::now();
-            lock.release().await.unwrap();
-            released_at
-        }
-    });
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let third = tokio::spawn({
-        let rl = rl.clone();
-        async move {
-            rl.lock("held-here").await.unwrap().release().await.unwrap();
-            Instant::now()
-        }
-    });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let (granted, holding) = tokio::sync::mpsc::unbounded_channel();
+    let waiters: Vec<_> = (0..2)
+        .map(|_| {
+            let (rl, granted) = (rl.clone(), granted.clone());
+            tokio::spawn(async move {
+                let lock = rl.lock("held-here").await.unwrap();
+                // The first one granted holds; the other one is done at once.
+                if granted.send(()).is_ok() {
+                    tokio::time::sleep(hold).await;
+                }
+                lock.release().await.unwrap();
+                Instant::now()
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
     first.release().await.unwrap();
-    second_granted.await.unwrap();
+    let mut holding = holding;
+    holding.recv().await.unwrap();
+    drop(holding);
     let set_calls_everywhere = || (0..5).map(|i| set_calls(&cluster, i)).sum::<u64>();
     let before = set_calls_everywhere();
     tokio::time::sleep(hold - Duration::from_millis(100)).await;
     let calls = set_calls_everywhere() - before;
-    let released_at = second.await.unwrap();
-    let done_at = third.await.unwrap();
-    // Polling every 10 ms, the third task would try about 40 times (200 SETs) meanwhile.
+    let mut done = Vec::new();
+    for waiter in waiters {
+        done.push(waiter.await.unwrap());
+    }
+    done.sort_unstable();
+    // Polling every 10 ms, the other waiter would try about 40 times (200 SETs) meanwhile.
     assert_eq!(calls, 0, "{calls} SETs while a task of the same client held the lock");
-    assert!(done_at - released_at < Duration::from_secs(1), "the release woke the third task");
+    assert!(done[1] - done[0] < Duration::from_secs(1), "the release woke the other waiter");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -482,28 +482,32 @@ async fn a_waiter_polls_again_once_its_clients_hold_is_past_its_validity() {
     let rl = eager(&cluster, every_10_ms());
     let first = rl.try_lock("left-here").await.unwrap();
     let ttl = Duration::from_millis(300);
-    // Granted while the third task waits, then forgotten: no release, no notification.
-    let second = tokio::spawn({
-        let rl = rl.clone();
-        async move {
-            let lock = rl.lock("left-here").ttl(ttl).await.unwrap();
-            let granted_at = Instant::now();
-            std::mem::forget(lock);
-            granted_at
-        }
-    });
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let third = tokio::spawn({
-        let rl = rl.clone();
-        async move {
-            rl.lock("left-here").await.unwrap().release().await.unwrap();
-            Instant::now()
-        }
-    });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Two waiters; the one granted first (at the release, while the other waits) forgets
+    // its lock: no release, no notification. The other must find it gone by polling.
+    let forgotten = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let waiters: Vec<_> = (0..2)
+        .map(|_| {
+            let (rl, forgotten) = (rl.clone(), forgotten.clone());
+            tokio::spawn(async move {
+                let lock = rl.lock("left-here").ttl(ttl).await.unwrap();
+                let granted_at = Instant::now();
+                if forgotten.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                    lock.release().await.unwrap();
+                } else {
+                    std::mem::forget(lock);
+                }
+                granted_at
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
     first.release().await.unwrap();
-    let granted_at = second.await.unwrap();
-    let done_at = tokio::time::timeout(Duration::from_secs(5), third).await.unwrap().unwrap();
-    assert!(done_at - granted_at >= ttl - Duration::from_millis(50), "the hold was still valid");
-    assert!(done_at - granted_at < ttl * 2, "found {:?} after the grant", done_at - granted_at);
+    let mut grants = Vec::new();
+    for waiter in waiters {
+        grants.push(tokio::time::timeout(Duration::from_secs(5), waiter).await.unwrap().unwrap());
+    }
+    grants.sort_unstable();
+    let gap = grants[1] - grants[0];
+    assert!(gap >= ttl - Duration::from_millis(50), "granted {gap:?} into a valid hold");
+    assert!(gap < ttl * 2, "found {gap:?} after the grant");
 }

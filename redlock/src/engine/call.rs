@@ -1,11 +1,9 @@
 //! One call to one node (a command and what it must wait for), and the ordering rules
 //! every call follows:
 //!
-//! - it goes out only after the requests it must follow on that node: for an undo, once
-//!   the request it undoes is over; for an acquisition, once this client's undos still in
-//!   flight on the same key went out (the node runs them first: they share its one
-//!   connection, and an acquisition needs their effect, not their answers); one lost with
-//!   that connection goes out once more after them, once they are over;
+//! - it goes out only after the requests it must follow on that node are over (`after`):
+//!   for an undo, the request it undoes; for an acquisition, this client's undos still in
+//!   flight on the same key;
 //! - its own exchange with the node is bounded by the node timeout; an acquisition's wait
 //!   counts against it too (it is worthless once the round is over), an undo's does not
 //!   (an undo whose clock ran while it waited could time out before it is even queued);
@@ -69,18 +67,13 @@ impl NodeCall {
             let started = telemetry::request_started();
             let reply = if op == Op::Acquire {
                 let exchange = async {
-                    turn.wait_behind(&after).await;
-                    let reply = queued(node.send(&command), &turn).await;
-                    if !reply.is_lost() || after.is_empty() {
-                        return reply;
-                    }
-                    // Rare: boxed, so that every request's future stays small.
-                    Box::pin(acquire_again(&node, &command, &after, reply)).await
+                    turn.wait_turn(&after).await;
+                    node.send(&command).await
                 };
                 tokio::time::timeout(timeout, exchange).await
             } else {
                 turn.wait_turn(&after).await;
-                tokio::time::timeout(timeout, queued(node.send(&command), &turn)).await
+                tokio::time::timeout(timeout, node.send(&command)).await
             };
             let reply = match reply {
                 Ok(reply) if reply.is_lost() && op.is_undo() => {
@@ -97,8 +90,12 @@ impl NodeCall {
             if answer.notify_refused {
                 node.note_notify_refused();
             }
-            if reply.resent && op.is_undo() && answer.outcome == NodeOutcome::Absent {
-                // Re-sent after a dropped connection: the first send removed it.
+            if reply.resent
+                && op.is_undo()
+                && matches!(answer.outcome, NodeOutcome::Absent | NodeOutcome::Held)
+            {
+                // Re-sent after a dropped connection: the first send removed it (and another
+                // owner may have taken the key since).
                 answer.outcome = NodeOutcome::Ok;
             }
             if answer.outcome == NodeOutcome::Ok && op.is_vote() && node.in_quarantine() {
@@ -109,36 +106,6 @@ impl NodeCall {
             (i, answer.outcome)
         }
     }
-}
-
-/// Runs `send` (a node's send), recording in `turn` after its first poll: the command is
-/// then queued on the node's connection, ahead of any command queued there later.
-async fn queued<F: Future>(send: F, turn: &SettleOnDrop) -> F::Output {
-    let mut send = std::pin::pin!(send);
-    let mut first = true;
-    std::future::poll_fn(|cx| {
-        let polled = send.as_mut().poll(cx);
-        if std::mem::take(&mut first) {
-            turn.went_out();
-        }
-        polled
-    })
-    .await
-}
-
-/// Sends a lost acquisition (`first`) once more, once the undos it followed (`after`) are
-/// over: it went out right behind them on their connection, and was lost with it; they are
-/// sent again on a new one (see [`undo_again`]), and going out ahead of them there, it
-/// would find this client's own stale key. Safe to repeat, like every acquisition.
-async fn acquire_again(node: &Node, command: &Command, after: &[Slot], first: Reply) -> Reply {
-    if command.resend() != Resend::Safe {
-        return first;
-    }
-    for slot in after {
-        slot.settled().await;
-    }
-    let again = node.send(command).await;
-    Reply { resent: first.resent || first.written || again.resent, ..again }
 }
 
 /// Pauses before a lost undo goes out again: the first is short (a reset connection is

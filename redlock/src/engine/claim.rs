@@ -41,6 +41,8 @@ pub(crate) struct Claim<P: Protocol> {
     expires_by: Instant,
     fence: Option<u64>,
     armed: bool,
+    /// Whether it was granted (not an attempt still in progress).
+    granted: bool,
     /// Per node, the connection generation when the claim's first request was made: an
     /// undo that times out after it changed is sent again (see [`background`]).
     generations: background::Generations,
@@ -120,6 +122,7 @@ impl<P: Protocol> Claim<P> {
             expires_by: started_at + ttl.duration(),
             fence: None,
             armed: true,
+            granted: false,
             generations: core.nodes.iter().map(|node| node.generation()).collect(),
             since: started_at,
         };
@@ -345,16 +348,18 @@ impl<P: Protocol> Claim<P> {
         let requests = self.everywhere(op, command);
         let tracked = self.track(&requests);
         if op == Op::Release {
-            self.announce_release();
+            self.note_release();
         }
         let (round, rest) =
             round::run(requests, Instant::now(), quorum::settle_hold, &self.core.nodes).await;
         (round, rest, tracked)
     }
 
-    /// Tells this client's waiters for the keys, if any, that this hold excludes them until
-    /// its validity ends, if it is exclusive: their timers need not try meanwhile.
-    fn note_hold(&self) {
+    /// Records the grant, and tells this client's waiters for the keys, if any, that this
+    /// hold excludes them until its validity ends, if it is exclusive: their timers need
+    /// not try meanwhile.
+    fn note_hold(&mut self) {
+        self.granted = true;
         if self.proto.is_exclusive()
             && let Some(key) = self.proto.keys().first()
         {
@@ -362,14 +367,14 @@ impl<P: Protocol> Claim<P> {
         }
     }
 
-    /// Wakes this client's first waiter for the keys at once, for the release just
-    /// tracked, if the hold is exclusive (its release leaves the keys free): the waiter's
-    /// acquisition goes out behind the release on every node.
-    fn announce_release(&self) {
-        if self.proto.is_exclusive()
+    /// Tells this client's waiters for the keys, if any, that this hold is going (if it
+    /// was granted, and exclusive): their timers try again.
+    fn note_release(&self) {
+        if self.granted
+            && self.proto.is_exclusive()
             && let Some(key) = self.proto.keys().first()
         {
-            self.core.releases.announce(key, self.core.config.node_timeout);
+            self.core.releases.released(key);
         }
     }
 
@@ -444,7 +449,7 @@ impl<P: Protocol> Claim<P> {
         let command = Arc::new(self.proto.command(Op::Release, self.ttl));
         let requests = self.everywhere(Op::Release, &command);
         let tracked = self.track(&requests);
-        self.announce_release();
+        self.note_release();
         let unsent = Round::none(self.core.nodes.len(), Instant::now());
         self.finish_undos(requests, &unsent, tracked, (Op::Release, &command), "release");
     }

@@ -13,16 +13,9 @@
 //! connection being re-opened, an expiry instead of a release), so waiters always keep a
 //! polling fallback.
 //!
-//! A release of an exclusive hold by this client itself wakes the first waiter at once,
-//! as it goes out ([`Releases::announce`]): the waiter's acquisition goes out behind the
-//! release on each node's connection (see `call`), so the node runs it just after the
-//! release, and a handoff between two tasks of one client takes one round trip instead of
-//! a release round, a notification and an acquisition round. The publications of that
-//! release then wake no one again.
-//!
 //! While a hold of this client that excludes every other is valid on a key, its waiters'
 //! timers pass without an attempt (see `wait`): an attempt could only fail, and the
-//! hold's release wakes the first of them at once.
+//! hold's release is published like any other.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -103,8 +96,6 @@ struct Registry {
 struct Channel {
     counts: Vec<u64>,
     releases: u64,
-    /// Until when the next release on a quorum is one this client announced itself.
-    announced: Option<Instant>,
     /// Until when a hold of this client excludes every other on the key (its validity),
     /// if one was granted or extended while this channel was watched and not released.
     held: Option<Instant>,
@@ -146,13 +137,7 @@ enum Subscription {
 
 impl Channel {
     fn new(nodes: usize) -> Self {
-        Self {
-            counts: vec![0; nodes],
-            releases: 0,
-            announced: None,
-            held: None,
-            waiters: VecDeque::new(),
-        }
+        Self { counts: vec![0; nodes], releases: 0, held: None, waiters: VecDeque::new() }
     }
 
     /// Counts a publication from node `node`; `true` when it completes a release on a quorum.
@@ -168,12 +153,6 @@ impl Channel {
             return true;
         }
         false
-    }
-
-    /// Whether a release just counted is the one this client announced (and woke the
-    /// first waiter for) itself.
-    fn was_announced(&mut self) -> bool {
-        self.announced.take().is_some_and(|until| Instant::now() <= until)
     }
 }
 
@@ -205,18 +184,10 @@ impl Releases {
         !registry.channels.is_empty() && registry.channels.contains_key(&*channel(key))
     }
 
-    /// Wakes the first of this client's waiters for `key`, if any, for a release of an
-    /// exclusive hold of it that this client sends now (registered with its undos, so
-    /// that the waiter's acquisition goes out behind it). The release's publications, if
-    /// they come within `within`, wake no one again.
-    pub(crate) fn announce(&self, key: &str, within: Duration) {
-        self.with_channel(key, |watched| {
-            watched.announced = Some(Instant::now() + within);
-            watched.held = None;
-            if let Some(first) = watched.waiters.front() {
-                first.wake();
-            }
-        });
+    /// Records that this client's hold that excluded every other on `key` is being
+    /// released: its waiters' timers try again.
+    pub(crate) fn released(&self, key: &str) {
+        self.with_channel(key, |watched| watched.held = None);
     }
 
     /// Records that a hold of this client that excludes every other on `key` is valid
@@ -481,7 +452,6 @@ async fn serve(
                 let quorum = registry.quorum;
                 if let Some(watched) = registry.channels.get_mut(message.get_channel_name())
                     && watched.published(node, quorum)
-                    && !watched.was_announced()
                     && let Some(first) = watched.waiters.front()
                 {
                     first.wake();
@@ -506,20 +476,5 @@ mod tests {
         assert!(!channel.published(0, 3));
         assert!(!channel.published(1, 3));
         assert!(channel.published(4, 3), "the next release, on another quorum");
-    }
-
-    #[test]
-    fn the_publications_of_an_announced_release_wake_no_one_again() {
-        let mut channel = Channel::new(3);
-        channel.announced = Some(Instant::now() + Duration::from_secs(60));
-        assert!(channel.published(0, 2) || channel.published(1, 2));
-        assert!(channel.was_announced(), "the announced release itself");
-        assert!(channel.published(0, 2) || channel.published(1, 2));
-        assert!(!channel.was_announced(), "the next release wakes the first waiter again");
-        // An announcement whose release never came on a quorum (it failed) swallows at
-        // most a release that comes within its window, never a later one.
-        channel.announced = Some(Instant::now() - Duration::from_millis(1));
-        assert!(channel.published(0, 2) || channel.published(1, 2));
-        assert!(!channel.was_announced());
     }
 }

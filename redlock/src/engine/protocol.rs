@@ -114,7 +114,7 @@ pub(crate) trait Protocol: Send + Sync + 'static {
     /// may coexist with others (a reentrant owner's holds, a read share). A new wait for
     /// such a hold queues behind this client's waiters already in line for the key,
     /// instead of trying at once (barging in would split the nodes' votes at the next
-    /// handoff), and its release wakes the first of them at once.
+    /// handoff), and while this client holds it, its waiters do not poll it.
     fn is_exclusive(&self) -> bool {
         false
     }

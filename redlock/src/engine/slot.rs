@@ -4,10 +4,6 @@
 //! went out hands on what it was still waiting for: whoever waits for it waits for that
 //! too, so that a cancelled call between two others (a release, an extension) never lets
 //! the later one overtake the earlier.
-//!
-//! A request also tells when it went out (was queued on the node's connection): a request
-//! that only needs to reach the node after it, not to know its answer, goes out then, and
-//! the node runs the two in that order on the one connection.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -21,8 +17,6 @@ use crate::error::NodeOutcome;
 #[derive(Debug, Default)]
 struct State {
     settled: AtomicBool,
-    /// Set when the request was queued on its node's connection (or settled).
-    out: AtomicBool,
     notify: Notify,
     /// Set (before `settled`) when the request was dropped before it went out, while what
     /// it followed was not over yet.
@@ -96,22 +90,10 @@ impl Slot {
 
     /// Completes once the request is over, and so is whatever it handed on.
     pub(crate) async fn settled(&self) {
-        self.reached(|state| &state.settled).await;
-    }
-
-    /// Completes once the request went out on its node's connection (or is over), and so
-    /// did whatever it handed on: a request queued after that on the same connection
-    /// reaches the node after it.
-    pub(crate) async fn gone_out(&self) {
-        self.reached(|state| &state.out).await;
-    }
-
-    /// Completes once `flag` is set on this request and along its hand-on chain.
-    async fn reached(&self, flag: fn(&State) -> &AtomicBool) {
         let mut slot = self;
         loop {
             let Some(state) = slot.state() else { return };
-            own_flag(state, flag).await;
+            slot.own_settled(state).await;
             match state.behind.get() {
                 Some(behind) => slot = behind,
                 None => return,
@@ -119,12 +101,17 @@ impl Slot {
         }
     }
 
-    /// Records that the request was queued on its node's connection.
-    fn went_out(&self) {
-        if let Some(state) = self.state()
-            && !state.out.swap(true, Ordering::AcqRel)
-        {
-            state.notify.notify_waiters();
+    async fn own_settled(&self, state: &State) {
+        // Most are over by the time anything waits for them: no waiter to register then.
+        let settled = || state.settled.load(Ordering::Acquire);
+        while !settled() {
+            let notified = state.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if settled() {
+                return;
+            }
+            notified.await;
         }
     }
 
@@ -149,26 +136,9 @@ impl Slot {
                 // Set once: only this slot's own request settles it.
                 let _ = state.behind.set(behind.clone());
             }
-            state.out.store(true, Ordering::Release);
             state.settled.store(true, Ordering::Release);
             state.notify.notify_waiters();
         }
-    }
-}
-
-/// Completes once `flag` of `state` is set; both flags are only ever set, under a
-/// notification.
-async fn own_flag(state: &State, flag: fn(&State) -> &AtomicBool) {
-    // Most are set by the time anything waits for them: no waiter to register then.
-    let set = || flag(state).load(Ordering::Acquire);
-    while !set() {
-        let notified = state.notify.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        if set() {
-            return;
-        }
-        notified.await;
     }
 }
 
@@ -197,23 +167,6 @@ impl SettleOnDrop {
             slot.settled().await;
         }
         self.previous = None;
-    }
-
-    /// Like [`Self::wait_turn`], but for `after` only until each went out: for a request
-    /// that must reach the node after them, not see their answers.
-    pub(crate) async fn wait_behind(&mut self, after: &[Slot]) {
-        if let Some(previous) = &self.previous {
-            previous.settled().await;
-        }
-        for slot in after {
-            slot.gone_out().await;
-        }
-        self.previous = None;
-    }
-
-    /// Records that the request was queued on its node's connection.
-    pub(crate) fn went_out(&self) {
-        self.slot.went_out();
     }
 }
 

@@ -29,9 +29,8 @@
 //! Every waiter's tick also passes without an attempt while a hold of this client that
 //! excludes every other is valid on the key (granted or extended while the waiter
 //! watched, not released since): the attempt could only fail, and that hold's release
-//! wakes the first waiter at once, its acquisition going out right behind the release
-//! (see `notify`). Once the hold's validity is over (a guard forgotten, a holder gone
-//! quiet), the ticks try again.
+//! wakes the first waiter like any release. Once the hold's validity is over (a guard
+//! forgotten, a holder gone quiet), the ticks try again.
 
 use std::future::Future;
 use std::sync::Arc;

@@ -90,12 +90,8 @@ impl NodeCall {
             if answer.notify_refused {
                 node.note_notify_refused();
             }
-            if reply.resent
-                && op.is_undo()
-                && matches!(answer.outcome, NodeOutcome::Absent | NodeOutcome::Held)
-            {
-                // Re-sent after a dropped connection: the first send removed it (and another
-                // owner may have taken the key since).
+            if reply.resent && op.is_undo() && answer.outcome == NodeOutcome::Absent {
+                // Re-sent after a dropped connection: the first send removed it.
                 answer.outcome = NodeOutcome::Ok;
             }
             if answer.outcome == NodeOutcome::Ok && op.is_vote() && node.in_quarantine() {

@@ -274,7 +274,12 @@ impl<P: Protocol> Claim<P> {
                     &round,
                 )),
             },
-            Settled::Failed(kind) => Err(self.lost_error(kind, "extend", &round)),
+            Settled::Failed(kind) => {
+                if kind == ErrorKind::NotHeld {
+                    self.note_release();
+                }
+                Err(self.lost_error(kind, "extend", &round))
+            }
         }
     }
 
@@ -329,7 +334,10 @@ impl<P: Protocol> Claim<P> {
         round::finish(&self.core.tasks, rest);
         match round.settled {
             Settled::Reached => Ok(true),
-            Settled::Failed(ErrorKind::NotHeld) => Ok(false),
+            Settled::Failed(ErrorKind::NotHeld) => {
+                self.note_release();
+                Ok(false)
+            }
             Settled::Failed(kind) => Err(self.lost_error(kind, "check", &round)),
         }
     }
@@ -360,15 +368,17 @@ impl<P: Protocol> Claim<P> {
     /// not try meanwhile.
     fn note_hold(&mut self) {
         self.granted = true;
-        if self.proto.is_exclusive()
-            && let Some(key) = self.proto.keys().first()
-        {
+        let Some(key) = self.proto.keys().first() else { return };
+        if self.proto.is_exclusive() {
             self.core.releases.hold(key, self.deadline);
+        } else {
+            // A share granted: no hold of this client excludes it any longer.
+            self.core.releases.released(key);
         }
     }
 
-    /// Tells this client's waiters for the keys, if any, that this hold is going (if it
-    /// was granted, and exclusive): their timers try again.
+    /// Tells this client's waiters for the keys, if any, that this hold is going or gone
+    /// (if it was granted, and exclusive): their timers try again.
     fn note_release(&self) {
         if self.granted
             && self.proto.is_exclusive()

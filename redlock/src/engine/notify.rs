@@ -15,7 +15,12 @@
 //!
 //! While a hold of this client that excludes every other is valid on a key, its waiters'
 //! timers pass without an attempt (see `wait`): an attempt could only fail, and the
-//! hold's release is published like any other.
+//! hold's release is published like any other. The hold stops counting when its release
+//! starts, when a release of the key is published on a quorum (a forced release), when
+//! the client finds it gone (an extension or a check), when the client is granted a share
+//! it would exclude, and at shutdown. A hold lost without notice (nodes restarted empty,
+//! an eviction) keeps them out until its validity ends, as the holder itself believes it
+//! holds the lock until then.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -90,6 +95,8 @@ enum Subscribers {
 struct Registry {
     quorum: usize,
     channels: HashMap<Arc<str>, Channel>,
+    /// Shut down: no hold keeps a waiter from trying (its attempt fails at once).
+    stopped: bool,
 }
 
 /// One watched channel: publications per node, releases seen, and this client's waiters.
@@ -166,6 +173,7 @@ impl Releases {
             registry: Arc::new(Mutex::new(Registry {
                 quorum: quorum::quorum(nodes.len()),
                 channels: HashMap::new(),
+                stopped: false,
             })),
             watched: Arc::new(AtomicUsize::new(0)),
             subscribers: Mutex::default(),
@@ -175,6 +183,7 @@ impl Releases {
     /// Stops the subscribers for good (a shutdown): waiters fall back to polling.
     pub(crate) fn stop(&self) {
         *self.subscribers.lock().unwrap_or_else(PoisonError::into_inner) = Subscribers::Stopped;
+        lock(&self.registry).stopped = true;
     }
 
     /// Whether some waiter of this client is in line for `key`.
@@ -185,7 +194,8 @@ impl Releases {
     }
 
     /// Records that this client's hold that excluded every other on `key` is being
-    /// released: its waiters' timers try again.
+    /// released, or is gone, or that the client holds a share of `key` that such a hold
+    /// would exclude: its waiters' timers try again.
     pub(crate) fn released(&self, key: &str) {
         self.with_channel(key, |watched| watched.held = None);
     }
@@ -326,7 +336,7 @@ impl ReleaseWatch {
     pub(crate) fn stand_in(&self, since: Instant) -> Option<Duration> {
         let registry = lock(&self.registry);
         let watched = registry.channels.get(&self.channel)?;
-        if watched.held.is_some_and(|until| Instant::now() < until) {
+        if !registry.stopped && watched.held.is_some_and(|until| Instant::now() < until) {
             return Some(Duration::ZERO);
         }
         if !self.waiter.exclusive {
@@ -452,9 +462,12 @@ async fn serve(
                 let quorum = registry.quorum;
                 if let Some(watched) = registry.channels.get_mut(message.get_channel_name())
                     && watched.published(node, quorum)
-                    && let Some(first) = watched.waiters.front()
                 {
-                    first.wake();
+                    // Whatever this client held there is gone (released, forced out).
+                    watched.held = None;
+                    if let Some(first) = watched.waiters.front() {
+                        first.wake();
+                    }
                 }
             }
         }

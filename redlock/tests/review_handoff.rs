@@ -229,16 +229,6 @@ async fn a_cancelled_attempt_does_not_swallow_the_next_release() {
     assert!(gap < Duration::from_secs(1), "the free lock reached the waiter after {gap:?}");
 }
 
-/// How many `SET` commands node `i` ran so far (a plain lock's acquisition is one).
-fn set_calls(cluster: &Cluster, i: usize) -> u64 {
-    let mut con = cluster.nodes()[i].connection().unwrap();
-    let info: String = redis::cmd("INFO").arg("commandstats").query(&mut con).unwrap();
-    info.lines()
-        .find_map(|line| line.strip_prefix("cmdstat_set:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |calls| calls.parse().unwrap())
-}
-
 /// Ten `try_lock`s of `a` given up mid-round while `b` holds the lock: each one's release
 /// from `Drop` wakes `a`'s waiter, which makes an attempt that can only fail. Without the
 /// announce the waiter sleeps until its 5 s poll: ten SETs on a node, one per `try_lock`.
@@ -250,12 +240,12 @@ async fn cancelled_attempts_do_not_wake_the_waiter() {
     let waiting = waiter(&a, "storm");
     subscribed(faulty.cluster(), "storm").await;
     tokio::time::sleep(ms(100)).await;
-    let before = set_calls(faulty.cluster(), 0);
+    let before = common::set_calls(faulty.cluster().node(0));
     for _ in 0..10 {
         assert!(tokio::time::timeout(ms(5), a.try_lock("storm")).await.is_err());
         tokio::time::sleep(ms(100)).await;
     }
-    let sets = set_calls(faulty.cluster(), 0) - before;
+    let sets = common::set_calls(faulty.cluster().node(0)) - before;
     other.release().await.unwrap();
     tokio::time::timeout(Duration::from_secs(8), waiting).await.unwrap().unwrap();
     assert!(sets <= 12, "{sets} SETs for 10 cancelled try_locks: the waiter was woken by them");
@@ -305,7 +295,7 @@ async fn taking_turns(
     hold: Duration,
     run: Duration,
 ) -> (u64, u64) {
-    let before = set_calls(cluster, 0);
+    let before = common::set_calls(cluster.node(0));
     let grants = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let end = Instant::now() + run;
     let handles: Vec<_> = (0..tasks)
@@ -326,7 +316,7 @@ async fn taking_turns(
     for handle in handles {
         handle.await.unwrap();
     }
-    (grants.load(std::sync::atomic::Ordering::Relaxed), set_calls(cluster, 0) - before)
+    (grants.load(std::sync::atomic::Ordering::Relaxed), common::set_calls(cluster.node(0)) - before)
 }
 
 /// Four tasks of one client take turns (no hold, then 2 ms), waits polling every 100 ms:

@@ -261,14 +261,7 @@ async fn a_lease_known_lost_no_longer_keeps_the_clients_waiter_out() {
         cluster.node_mut(2).restart_empty().unwrap();
     });
     let err = tokio::time::timeout(Duration::from_secs(3), lease.lost()).await.unwrap();
-    let sets = || {
-        let mut con = cluster.node(0).connection().unwrap();
-        let info: String = redis::cmd("INFO").arg("commandstats").query(&mut con).unwrap();
-        info.lines()
-            .find_map(|line| line.strip_prefix("cmdstat_set:calls="))
-            .and_then(|rest| rest.split(',').next())
-            .map_or(0, |calls| calls.parse::<u64>().unwrap())
-    };
+    let sets = || common::set_calls(cluster.node(0));
     let before = sets();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let tried = sets() - before;

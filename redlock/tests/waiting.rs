@@ -188,16 +188,6 @@ async fn a_task_asking_again_right_after_its_release_queues_behind_the_clients_w
     again.release().await.unwrap();
 }
 
-/// How many `SET` commands node `i` ran so far (a plain lock's acquisition is one).
-fn set_calls(cluster: &Cluster, i: usize) -> u64 {
-    let mut con = cluster.nodes()[i].connection().unwrap();
-    let info: String = redis::cmd("INFO").arg("commandstats").query(&mut con).unwrap();
-    info.lines()
-        .find_map(|line| line.strip_prefix("cmdstat_set:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |calls| calls.parse().unwrap())
-}
-
 /// A client whose waiters poll every 10 ms: a busy line.
 fn eager(cluster: &Cluster, retry: Retry) -> Redlock {
     common::builder(cluster, Duration::from_millis(50)).retry(retry).build().unwrap()
@@ -230,10 +220,10 @@ async fn waiters_behind_the_first_in_line_leave_the_attempts_to_it() {
         // In line (subscribed) before the next one asks.
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let before = set_calls(&cluster, 0);
+    let before = common::set_calls(cluster.node(0));
     let hold = Duration::from_millis(500);
     tokio::time::sleep(hold).await;
-    let calls = set_calls(&cluster, 0) - before;
+    let calls = common::set_calls(cluster.node(0)) - before;
     held.release().await.unwrap();
     for waiter in waiters {
         waiter.await.unwrap();
@@ -383,7 +373,7 @@ async fn a_waiter_does_not_poll_while_a_task_of_its_client_holds_the_lock() {
     let mut holding = holding;
     holding.recv().await.unwrap();
     drop(holding);
-    let set_calls_everywhere = || (0..5).map(|i| set_calls(&cluster, i)).sum::<u64>();
+    let set_calls_everywhere = || (0..5).map(|i| common::set_calls(cluster.node(i))).sum::<u64>();
     let before = set_calls_everywhere();
     tokio::time::sleep(hold - Duration::from_millis(100)).await;
     let calls = set_calls_everywhere() - before;

@@ -202,3 +202,13 @@ pub async fn warm_and_slow(faulty: &FaultyCluster, rl: &Redlock) {
         faulty.proxy(i).set_fault(latency(5));
     }
 }
+
+/// How many `SET` commands `node` ran so far (a plain lock's acquisition is one).
+pub fn set_calls(node: &redlock_testkit::RedisNode) -> u64 {
+    let mut con = node.connection().unwrap();
+    let info: String = redis::cmd("INFO").arg("commandstats").query(&mut con).unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_set:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().unwrap())
+}

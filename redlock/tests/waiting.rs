@@ -287,7 +287,8 @@ async fn a_waiter_behind_the_first_in_line_still_gives_up_after_its_attempts() {
     let err = rl.lock("bounded").retry(three).await.unwrap_err();
     let waited = started.elapsed();
     assert_eq!(err.kind(), ErrorKind::NotAcquired, "{err}");
-    assert_eq!(err.held_by_others(), 5, "the error of a real attempt: {err}");
+    // A real attempt's error (a round may decide at the quorum without its stragglers).
+    assert!(err.held_by_others() >= 3, "the error of a real attempt: {err}");
     assert!(waited < Duration::from_secs(1), "gave up after {waited:?}, not after three ticks");
     assert_eq!(first.await.unwrap().unwrap_err().kind(), ErrorKind::NotAcquired);
     held.release().await.unwrap();

@@ -356,7 +356,7 @@ impl<P: Protocol> Claim<P> {
         let requests = self.everywhere(op, command);
         let tracked = self.track(&requests);
         if op == Op::Release {
-            self.note_release();
+            self.note_releasing();
         }
         let (round, rest) =
             round::run(requests, Instant::now(), quorum::settle_hold, &self.core.nodes).await;
@@ -377,8 +377,19 @@ impl<P: Protocol> Claim<P> {
         }
     }
 
-    /// Tells this client's waiters for the keys, if any, that this hold is going or gone
+    /// Tells this client's waiters for the keys, if any, that this hold is being released
     /// (if it was granted, and exclusive): their timers try again.
+    fn note_releasing(&self) {
+        if self.granted
+            && self.proto.is_exclusive()
+            && let Some(key) = self.proto.keys().first()
+        {
+            self.core.releases.releasing(key, self.core.config.node_timeout);
+        }
+    }
+
+    /// Tells this client's waiters for the keys, if any, that this hold is gone (if it was
+    /// granted, and exclusive): their timers try again.
     fn note_release(&self) {
         if self.granted
             && self.proto.is_exclusive()
@@ -459,7 +470,7 @@ impl<P: Protocol> Claim<P> {
         let command = Arc::new(self.proto.command(Op::Release, self.ttl));
         let requests = self.everywhere(Op::Release, &command);
         let tracked = self.track(&requests);
-        self.note_release();
+        self.note_releasing();
         let unsent = Round::none(self.core.nodes.len(), Instant::now());
         self.finish_undos(requests, &unsent, tracked, (Op::Release, &command), "release");
     }

@@ -16,11 +16,11 @@
 //! While a hold of this client that excludes every other is valid on a key, its waiters'
 //! timers pass without an attempt (see `wait`): an attempt could only fail, and the
 //! hold's release is published like any other. The hold stops counting when its release
-//! starts, when a release of the key is published on a quorum (a forced release), when
-//! the client finds it gone (an extension or a check), when the client is granted a share
-//! it would exclude, and at shutdown. A hold lost without notice (nodes restarted empty,
-//! an eviction) keeps them out until its validity ends, as the holder itself believes it
-//! holds the lock until then.
+//! starts, when a release of the key not the client's own is published on a quorum (a
+//! forced release), when the client finds it gone (an extension or a check), when the
+//! client is granted a share it would exclude, and at shutdown. A hold lost without
+//! notice (nodes restarted empty, an eviction) keeps them out until its validity ends, as
+//! the holder itself believes it holds the lock until then.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -106,6 +106,10 @@ struct Channel {
     /// Until when a hold of this client excludes every other on the key (its validity),
     /// if one was granted or extended while this channel was watched and not released.
     held: Option<Instant>,
+    /// Until when the next release counted on a quorum is likely this client's own, whose
+    /// hold no longer counts already: it leaves alone a hold granted since (the next
+    /// waiter's), where another release (a forced one) ends the hold it finds.
+    releasing: Option<Instant>,
     waiters: VecDeque<Arc<Waiter>>,
 }
 
@@ -144,7 +148,22 @@ enum Subscription {
 
 impl Channel {
     fn new(nodes: usize) -> Self {
-        Self { counts: vec![0; nodes], releases: 0, held: None, waiters: VecDeque::new() }
+        Self {
+            counts: vec![0; nodes],
+            releases: 0,
+            held: None,
+            releasing: None,
+            waiters: VecDeque::new(),
+        }
+    }
+
+    /// A release counted on a quorum: unless it is likely this client's own (whose hold
+    /// no longer counts already, and a hold granted since is the next waiter's), whatever
+    /// this client held there is gone (forced out).
+    fn counted_release(&mut self) {
+        if self.releasing.take().is_none_or(|until| Instant::now() > until) {
+            self.held = None;
+        }
     }
 
     /// Counts a publication from node `node`; `true` when it completes a release on a quorum.
@@ -194,8 +213,17 @@ impl Releases {
     }
 
     /// Records that this client's hold that excluded every other on `key` is being
-    /// released, or is gone, or that the client holds a share of `key` that such a hold
-    /// would exclude: its waiters' timers try again.
+    /// released, its release published within `within`: its waiters' timers try again.
+    pub(crate) fn releasing(&self, key: &str, within: Duration) {
+        self.with_channel(key, |watched| {
+            watched.held = None;
+            watched.releasing = Some(Instant::now() + within);
+        });
+    }
+
+    /// Records that this client's hold that excluded every other on `key` is gone, or
+    /// that the client holds a share of `key` that such a hold would exclude: its
+    /// waiters' timers try again.
     pub(crate) fn released(&self, key: &str) {
         self.with_channel(key, |watched| watched.held = None);
     }
@@ -463,8 +491,7 @@ async fn serve(
                 if let Some(watched) = registry.channels.get_mut(message.get_channel_name())
                     && watched.published(node, quorum)
                 {
-                    // Whatever this client held there is gone (released, forced out).
-                    watched.held = None;
+                    watched.counted_release();
                     if let Some(first) = watched.waiters.front() {
                         first.wake();
                     }
@@ -477,6 +504,25 @@ async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_release_not_this_clients_own_ends_the_hold_it_finds() {
+        let in_a_while = Instant::now() + Duration::from_secs(60);
+        let mut channel = Channel::new(3);
+        // This client's release, then the next waiter's grant before the publications.
+        channel.releasing = Some(in_a_while);
+        channel.held = Some(in_a_while);
+        channel.counted_release();
+        assert_eq!(channel.held, Some(in_a_while), "the next holder's hold still counts");
+        // A forced release of that hold.
+        channel.counted_release();
+        assert_eq!(channel.held, None);
+        // This client's release whose publications never came: a later one is not its.
+        channel.releasing = Some(Instant::now() - Duration::from_millis(1));
+        channel.held = Some(in_a_while);
+        channel.counted_release();
+        assert_eq!(channel.held, None);
+    }
 
     #[test]
     fn a_release_counts_once_a_quorum_of_nodes_published_it() {

@@ -423,17 +423,26 @@ async fn same_client_handoffs_of_every_kind_keep_exclusion_under_faults() {
                     let fenced = rng.below(2) == 0;
                     // (history indices, token, deadline, fence, shared) and a release.
                     type Release = Pin<Box<dyn Future<Output = ()> + Send>>;
-                    fn release<G: redlock::Guard + Send + 'static>(
+                    type Info = (Vec<usize>, String, Instant, Option<u64>, bool);
+                    /// What the checker records of `guard` (on histories `indices`), and
+                    /// its release (or drop).
+                    fn held<G: redlock::Guard + Send + 'static>(
                         guard: G,
+                        indices: Vec<usize>,
+                        shared: bool,
                         dropped: bool,
-                    ) -> Release {
-                        Box::pin(async move {
+                    ) -> (Info, Release) {
+                        let token = guard.token().to_owned();
+                        let info =
+                            (indices, token, guard.deadline(), guard.fencing_token(), shared);
+                        let release = Box::pin(async move {
                             if dropped {
                                 drop(guard);
                             } else {
                                 let _ = guard.release().await;
                             }
-                        })
+                        });
+                        (info, release)
                     }
                     let acquire = async {
                         Some(match kind {
@@ -443,64 +452,27 @@ async fn same_client_handoffs_of_every_kind_keep_exclusion_under_faults() {
                                 } else {
                                     rl.lock("p").await.ok()?
                                 };
-                                let info = (
-                                    vec![0],
-                                    lock.token().to_owned(),
-                                    lock.deadline(),
-                                    lock.fencing_token(),
-                                    false,
-                                );
-                                (info, release(lock, dropped))
+                                held(lock, vec![0], false, dropped)
                             }
                             2 => {
                                 let lock = rl.lock("q").await.ok()?;
-                                let info = (
-                                    vec![1],
-                                    lock.token().to_owned(),
-                                    lock.deadline(),
-                                    None,
-                                    false,
-                                );
-                                (info, release(lock, dropped))
+                                held(lock, vec![1], false, dropped)
                             }
                             3 => {
                                 let lock = rl.many(&["p", "q"]).await.ok()?;
-                                let info = (
-                                    vec![0, 1],
-                                    lock.token().to_owned(),
-                                    lock.deadline(),
-                                    None,
-                                    false,
-                                );
-                                (info, release(lock, dropped))
+                                held(lock, vec![0, 1], false, dropped)
                             }
                             4 => {
                                 let lock = rl.write("rw").await.ok()?;
-                                let info = (
-                                    vec![2],
-                                    lock.token().to_owned(),
-                                    lock.deadline(),
-                                    None,
-                                    false,
-                                );
-                                (info, release(lock, dropped))
+                                held(lock, vec![2], false, dropped)
                             }
                             5 => {
                                 let lock = rl.read("rw").await.ok()?;
-                                let info =
-                                    (vec![2], lock.token().to_owned(), lock.deadline(), None, true);
-                                (info, release(lock, dropped))
+                                held(lock, vec![2], true, dropped)
                             }
                             _ => {
                                 let lock = rl.reentrant("re", &owner).await.ok()?;
-                                let info = (
-                                    vec![3],
-                                    lock.token().to_owned(),
-                                    lock.deadline(),
-                                    None,
-                                    false,
-                                );
-                                (info, release(lock, dropped))
+                                held(lock, vec![3], false, dropped)
                             }
                         })
                     };
@@ -661,12 +633,7 @@ async fn a_read_release_announces_nothing() {
         }
     });
     subscribed(&cluster, "shares").await;
-    mine.release().await.unwrap();
-    tokio::time::sleep(ms(100)).await;
-    let released_at = Instant::now();
-    theirs.release().await.unwrap();
-    let granted_at = tokio::time::timeout(Duration::from_secs(8), writer).await.unwrap().unwrap();
-    let gap = granted_at - released_at;
+    let gap = woken_by_the_last_release(mine.release(), theirs.release(), writer).await;
     assert!(gap < Duration::from_secs(1), "the free lock reached the writer after {gap:?}");
 }
 
@@ -689,13 +656,23 @@ async fn a_reentrant_release_announces_nothing() {
         }
     });
     subscribed(&cluster, "owned").await;
-    first.release().await.unwrap();
+    let gap = woken_by_the_last_release(first.release(), second.release(), other).await;
+    assert!(gap < Duration::from_secs(1), "the free lock reached the waiter after {gap:?}");
+}
+
+/// Runs `first` (a release that leaves the lock held), then 100 ms later `last` (the one
+/// that frees it); returns how long after `last` started `waiter` got the lock.
+async fn woken_by_the_last_release(
+    first: impl Future<Output = redlock::Result<()>>,
+    last: impl Future<Output = redlock::Result<()>>,
+    waiter: tokio::task::JoinHandle<Instant>,
+) -> Duration {
+    first.await.unwrap();
     tokio::time::sleep(ms(100)).await;
     let released_at = Instant::now();
-    second.release().await.unwrap();
-    let granted_at = tokio::time::timeout(Duration::from_secs(8), other).await.unwrap().unwrap();
-    let gap = granted_at - released_at;
-    assert!(gap < Duration::from_secs(1), "the free lock reached the waiter after {gap:?}");
+    last.await.unwrap();
+    let granted_at = tokio::time::timeout(Duration::from_secs(8), waiter).await.unwrap().unwrap();
+    granted_at - released_at
 }
 
 // ---------------------------------------------------------------------------------------
@@ -703,10 +680,10 @@ async fn a_reentrant_release_announces_nothing() {
 
 /// Node 4's proxy holds every request on the key for 300 ms: the lock is granted by nodes
 /// 0-3 while its SET on node 4 is on its way, and its release on node 4 waits behind that
-/// SET. The waiter, woken at once, is granted by nodes 0-3 in one round trip; on node 4
-/// its SET goes out behind the release once that went out, so node 4 runs the holder's
-/// SET, the release, then the waiter's SET: the waiter ends up on every node, the holder
-/// on none. Passes at 3e45104 and the parent.
+/// SET. The waiter is granted by nodes 0-3; on node 4 its SET goes out behind the release
+/// (at 3e45104 once the release went out, now once it was answered), so node 4 runs the
+/// holder's SET, the release, then the waiter's SET: the waiter ends up on every node, the
+/// holder on none. Passes at 3e45104 and the parent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handoff_behind_the_releasers_acquisition_in_flight_ends_on_every_node() {
     let faulty = FaultyCluster::start(5).unwrap();

@@ -45,6 +45,18 @@ fn waiting(urls: Vec<String>, max_wait: Duration) -> Redlock {
         .unwrap()
 }
 
+/// A task waiting for `key`: when it got it (or gave up), and how.
+fn timed_lock(
+    rl: &Redlock,
+    key: &'static str,
+) -> tokio::task::JoinHandle<(Instant, redlock::Result<redlock::Lock>)> {
+    let rl = rl.clone();
+    tokio::spawn(async move {
+        let lock = rl.lock(key).await;
+        (Instant::now(), lock)
+    })
+}
+
 /// Waits until every node has `n` subscribers on `key`'s release channel: the waiters of
 /// the test watch it.
 async fn watched_by(cluster: &redlock_testkit::Cluster, key: &str, n: i64) {
@@ -144,13 +156,7 @@ async fn a_plain_waiter_behind_a_refused_multi_waiter_stays_out_after_a_force_re
         tokio::spawn(async move { c.many(&["K", "L"]).await.map(|_| ()) })
     };
     watched_by(&cluster, "K", 1).await;
-    let plain = {
-        let c = c.clone();
-        tokio::spawn(async move {
-            let lock = c.lock("K").await;
-            (Instant::now(), lock)
-        })
-    };
+    let plain = timed_lock(&c, "K");
     tokio::time::sleep(Duration::from_millis(300)).await;
     stuck.extend(LEASE).await.unwrap();
     let released_at = Instant::now();
@@ -195,13 +201,7 @@ async fn a_waiter_of_the_client_waits_out_its_hold_lost_without_notice() {
     let mut cluster = common::cluster(3);
     let c = waiting(cluster.urls(), Duration::from_secs(5));
     let mut stuck = c.try_lock("K").await.unwrap();
-    let waiter = {
-        let c = c.clone();
-        tokio::spawn(async move {
-            let lock = c.lock("K").await;
-            (Instant::now(), lock)
-        })
-    };
+    let waiter = timed_lock(&c, "K");
     watched_by(&cluster, "K", 1).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     stuck.extend(Duration::from_millis(1500)).await.unwrap();
@@ -333,13 +333,7 @@ async fn a_waiter_of_another_client_finds_the_lost_hold_at_its_next_tick() {
         tokio::spawn(async move { c.many(&["K", "L"]).await.map(|_| ()) })
     };
     watched_by(&cluster, "K", 1).await;
-    let theirs = {
-        let d = d.clone();
-        tokio::spawn(async move {
-            let lock = d.lock("K").await;
-            (Instant::now(), lock)
-        })
-    };
+    let theirs = timed_lock(&d, "K");
     watched_by(&cluster, "K", 2).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     stuck.extend(LEASE).await.unwrap();

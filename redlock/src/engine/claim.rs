@@ -380,10 +380,7 @@ impl<P: Protocol> Claim<P> {
     /// Tells this client's waiters for the keys, if any, that this hold is being released
     /// (if it was granted, and exclusive): their timers try again.
     fn note_releasing(&self) {
-        if self.granted
-            && self.proto.is_exclusive()
-            && let Some(key) = self.proto.keys().first()
-        {
+        if let Some(key) = self.excluding_key() {
             self.core.releases.releasing(key, self.core.config.node_timeout);
         }
     }
@@ -391,12 +388,15 @@ impl<P: Protocol> Claim<P> {
     /// Tells this client's waiters for the keys, if any, that this hold is gone (if it was
     /// granted, and exclusive): their timers try again.
     fn note_release(&self) {
-        if self.granted
-            && self.proto.is_exclusive()
-            && let Some(key) = self.proto.keys().first()
-        {
+        if let Some(key) = self.excluding_key() {
             self.core.releases.released(key);
         }
+    }
+
+    /// The key whose waiters a granted exclusive hold keeps out (the first).
+    fn excluding_key(&self) -> Option<&str> {
+        let key = self.proto.keys().first()?;
+        (self.granted && self.proto.is_exclusive()).then_some(&**key)
     }
 
     /// `op` on every node, each request queued behind this claim's latest there.

@@ -95,8 +95,6 @@ enum Subscribers {
 struct Registry {
     quorum: usize,
     channels: HashMap<Arc<str>, Channel>,
-    /// Shut down: no hold keeps a waiter from trying (its attempt fails at once).
-    stopped: bool,
 }
 
 /// One watched channel: publications per node, releases seen, and this client's waiters.
@@ -192,7 +190,6 @@ impl Releases {
             registry: Arc::new(Mutex::new(Registry {
                 quorum: quorum::quorum(nodes.len()),
                 channels: HashMap::new(),
-                stopped: false,
             })),
             watched: Arc::new(AtomicUsize::new(0)),
             subscribers: Mutex::default(),
@@ -202,14 +199,13 @@ impl Releases {
     /// Stops the subscribers for good (a shutdown): waiters fall back to polling.
     pub(crate) fn stop(&self) {
         *self.subscribers.lock().unwrap_or_else(PoisonError::into_inner) = Subscribers::Stopped;
-        lock(&self.registry).stopped = true;
     }
 
     /// Whether some waiter of this client is in line for `key`.
     pub(crate) fn has_waiters(&self, key: &str) -> bool {
-        let registry = lock(&self.registry);
-        // Checked before the channel's name is built: the common case waits for nothing.
-        !registry.channels.is_empty() && registry.channels.contains_key(&*channel(key))
+        let mut found = false;
+        self.with_channel(key, |_| found = true);
+        found
     }
 
     /// Records that this client's hold that excluded every other on `key` is being
@@ -364,7 +360,7 @@ impl ReleaseWatch {
     pub(crate) fn stand_in(&self, since: Instant) -> Option<Duration> {
         let registry = lock(&self.registry);
         let watched = registry.channels.get(&self.channel)?;
-        if !registry.stopped && watched.held.is_some_and(|until| Instant::now() < until) {
+        if watched.held.is_some_and(|until| Instant::now() < until) {
             return Some(Duration::ZERO);
         }
         if !self.waiter.exclusive {

@@ -73,8 +73,7 @@ where
         // Bounded like any wait: a lost notification costs one pause, not the lock.
         let pause = retry.next_pause(0, Duration::ZERO).unwrap_or_default();
         let mut due = after(pause);
-        woken =
-            next_turn(watch, retry, core.config.node_timeout, first, &mut counted, &mut due).await;
+        woken = next_turn(watch, core, retry, first, &mut counted, &mut due).await;
     }
     loop {
         if !woken {
@@ -125,8 +124,7 @@ where
                 watch
             }
         };
-        woken =
-            next_turn(watch, retry, core.config.node_timeout, first, &mut counted, &mut due).await;
+        woken = next_turn(watch, core, retry, first, &mut counted, &mut due).await;
         next_counted = woken.then_some(due);
     }
 }
@@ -135,12 +133,13 @@ where
 /// or its timer (`false`: notifications can be lost), due at `due`. A tick for which the
 /// first waiter in line stands in (see [`ReleaseWatch::stand_in`]) passes without an
 /// attempt: it counts in `counted`, and `due` becomes the next tick's time, paced like an
-/// attempt (of at most `round`, the node timeout), unless the policy allows no tick after
-/// that one within its bounds.
+/// attempt (of at most a node timeout), unless the policy allows no tick after that one
+/// within its bounds. Once the client shuts down, every tick is an attempt (which fails
+/// at once).
 async fn next_turn(
     watch: &ReleaseWatch,
+    core: &Core,
     retry: &Retry,
-    round: Duration,
     first: Instant,
     counted: &mut u32,
     due: &mut Instant,
@@ -151,10 +150,13 @@ async fn next_turn(
             () = watch.released() => return true,
             () = tokio::time::sleep_until((*due).into()) => {}
         }
+        if core.tasks.is_closing() {
+            return false;
+        }
         let Some(its_attempt) = watch.stand_in(since) else { return false };
         // Paced like the attempt it stands for, whose time a runtime's stall does not
         // stretch beyond a round's bound; and never past the policy's last tick.
-        let its_attempt = its_attempt.min(round);
+        let its_attempt = its_attempt.min(core.config.node_timeout);
         match retry.next_pause(*counted + 1, first.elapsed().saturating_add(its_attempt)) {
             Some(pause) => {
                 *counted += 1;

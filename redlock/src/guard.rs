@@ -133,8 +133,13 @@ macro_rules! guard {
             /// where it is still held; never touches another owner's hold.
             ///
             /// Succeeds only with a quorum, while still valid; the new validity is
-            /// `ttl - elapsed - drift`, timed from the start of this call. A failed
-            /// extension deletes nothing and leaves the current validity as it was.
+            /// `ttl - elapsed - drift`, timed from the start of this call. An extension
+            /// that reached too few nodes deletes nothing and leaves the current validity
+            /// as it was. One that finds the hold gone from too many nodes, or that
+            /// outlasts the validity, ends the hold: its validity is over, what is left of
+            /// it on the nodes (including keys the extension renewed or set again) is
+            /// released in the background, and from then on `extend()`, `is_held()` and
+            /// `release()` answer `NotHeld` (`false`) without asking the nodes.
             ///
             /// # Errors
             /// [`ErrorKind::NotHeld`](crate::ErrorKind::NotHeld) when the validity is over

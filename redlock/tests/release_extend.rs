@@ -5,6 +5,7 @@ mod common;
 use std::time::Duration;
 
 use redlock::ErrorKind;
+use redlock_testkit::{FaultyCluster, NetFault};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_after_expiry_reports_not_held_and_spares_the_new_owner() {
@@ -80,7 +81,7 @@ async fn extend_heals_a_node_that_lost_the_key_without_counting_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_extend_deletes_nothing_and_keeps_the_old_validity() {
+async fn an_extension_that_finds_the_hold_gone_ends_it_and_releases_what_is_left() {
     let cluster = common::cluster(5);
     let rl = common::client(&cluster);
     let mut lock = rl.try_lock("k").await.unwrap();
@@ -91,31 +92,71 @@ async fn a_failed_extend_deletes_nothing_and_keeps_the_old_validity() {
             == 5)
         .await
     );
-    // Another owner overwrites the key on a majority (as after our lease expired there).
+    // Another owner overwrites the key on a majority (as after our lease expired there),
+    // and node 3 lost it: the extension sets ours again there, renews it on node 4.
     for i in [0, 1, 2] {
         cluster.node(i).set("k", "foreign").unwrap();
     }
-    let before = lock.deadline();
+    common::run(&cluster, 3, &["DEL", "k"]);
     let err = lock.extend(Duration::from_secs(30)).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
     assert_eq!(err.held_by_others(), 3, "{err}");
-    assert_eq!(lock.deadline(), before);
+    assert_eq!(lock.validity(), Duration::ZERO, "a hold found gone is over");
+    assert!(!lock.is_valid());
+    assert!(
+        common::eventually(Duration::from_secs(2), || cluster.nodes_holding("k", lock.token())
+            == Vec::<usize>::new())
+        .await,
+        "our keys are released, where left and where the extension set them again: {:?}",
+        cluster.nodes_holding("k", lock.token())
+    );
     assert_eq!(
         cluster.nodes_holding("k", "foreign"),
         vec![0, 1, 2],
-        "extend never touches another owner's key"
-    );
-    assert_eq!(
-        cluster.nodes_holding("k", lock.token()),
-        vec![3, 4],
-        "a failed extend deletes nothing"
+        "another owner's keys are untouched"
     );
     for i in [0, 1, 2] {
         assert_eq!(cluster.node(i).pttl("k").unwrap(), -1, "the foreign keys' expiry is untouched");
     }
-    lock.release().await.unwrap_err();
+    // From then on the guard answers without asking the nodes.
+    let err = lock.extend(Duration::from_secs(30)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+    assert!(err.nodes().is_empty(), "no node was asked: {err}");
+    assert!(!lock.is_held().await.unwrap());
+    let err = lock.release().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+    assert!(err.nodes().is_empty(), "no node was asked: {err}");
     assert_eq!(cluster.nodes_holding("k", "foreign"), vec![0, 1, 2]);
-    assert_eq!(cluster.count_key("k"), 3);
+    assert_eq!(cluster.count_key("k"), 3, "nothing set again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extension_that_outlasts_the_validity_releases_the_keys_it_renewed() {
+    let faulty = FaultyCluster::start(3).unwrap();
+    let rl = common::builder_for(faulty.urls(), Duration::from_secs(2)).build().unwrap();
+    common::warm(&rl).await;
+    let mut lock = rl.try_lock("k").ttl(Duration::from_millis(300)).await.unwrap();
+    for i in 0..3 {
+        faulty.proxy(i).set_fault(common::latency(200));
+    }
+    // Every node renews the key for 30 s, but the answers come after the validity.
+    let err = lock.extend(Duration::from_secs(30)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+    assert!(err.to_string().contains("validity ran out during the extension"), "{err}");
+    for i in 0..3 {
+        faulty.proxy(i).set_fault(NetFault::None);
+    }
+    let cluster = faulty.cluster();
+    assert!(
+        common::eventually(Duration::from_secs(3), || cluster.count_key("k") == 0).await,
+        "the renewed keys are released, not left for 30 s: {:?}",
+        cluster.nodes_holding("k", lock.token())
+    );
+    let err = lock.release().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+    // Free at once for another client, not after 30 s.
+    let other = common::single_attempt(faulty.urls());
+    other.try_lock("k").await.unwrap().release().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

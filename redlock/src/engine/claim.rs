@@ -24,6 +24,9 @@ use super::round::{self, Round};
 use super::slot::{Slot, Slots};
 use super::undo::{After, Sent, Tracked};
 
+/// What a hold that an extension found gone answers from then on.
+const LOST: &str = "an extension found the hold gone; its keys were released then";
+
 /// A hold of any kind on the nodes, released in the background if dropped while armed
 /// (never blocking in `Drop`).
 pub(crate) struct Claim<P: Protocol> {
@@ -43,6 +46,8 @@ pub(crate) struct Claim<P: Protocol> {
     armed: bool,
     /// Whether it was granted (not an attempt still in progress).
     granted: bool,
+    /// Whether an extension found the hold gone (see [`Claim::lose`]).
+    lost: bool,
     /// Per node, the connection generation when the claim's first request was made: an
     /// undo that times out after it changed is sent again (see [`background`]).
     generations: background::Generations,
@@ -123,6 +128,7 @@ impl<P: Protocol> Claim<P> {
             fence: None,
             armed: true,
             granted: false,
+            lost: false,
             generations: core.nodes.iter().map(|node| node.generation()).collect(),
             since: started_at,
         };
@@ -230,7 +236,8 @@ impl<P: Protocol> Claim<P> {
     }
 
     /// Renews the lease to `ttl` from now on every node that still holds this claim, decided
-    /// at the quorum; a failed extension deletes nothing and keeps the old validity.
+    /// at the quorum. An extension that reached too few nodes deletes nothing and keeps the
+    /// old validity; one that finds the hold gone ends it (see [`Claim::lose`]).
     pub(crate) async fn extend(&mut self, ttl: Duration) -> Result<()> {
         let result = self.extend_round(ttl).await;
         let outcome = telemetry::outcome(result.as_ref().map(|_| ()).map_err(Error::kind));
@@ -240,6 +247,9 @@ impl<P: Protocol> Claim<P> {
 
     async fn extend_round(&mut self, ttl: Duration) -> Result<()> {
         let ttl = self.core.config.ttl(Some(ttl))?;
+        if self.lost {
+            return Err(self.local_error(ErrorKind::NotHeld, LOST));
+        }
         if !self.is_valid() {
             return Err(self.local_error(ErrorKind::NotHeld, "validity is over: not extending"));
         }
@@ -254,11 +264,10 @@ impl<P: Protocol> Claim<P> {
         round::finish(&self.core.tasks, rest);
         if round.decided_at >= self.deadline {
             // The lease ran out while we asked: another client may already hold the lock.
-            return Err(self.round_error(
-                ErrorKind::NotHeld,
-                "validity ran out during the extension",
-                &round,
-            ));
+            let message = "validity ran out during the extension";
+            let err = self.round_error(ErrorKind::NotHeld, message, &round);
+            self.lose();
+            return Err(err);
         }
         match round.settled {
             Settled::Reached => match ttl.validity(started_at, round.decided_at) {
@@ -275,12 +284,31 @@ impl<P: Protocol> Claim<P> {
                 )),
             },
             Settled::Failed(kind) => {
+                let err = self.lost_error(kind, "extend", &round);
                 if kind == ErrorKind::NotHeld {
-                    self.note_release();
+                    self.lose();
                 }
-                Err(self.lost_error(kind, "extend", &round))
+                Err(err)
             }
         }
+    }
+
+    /// Ends a hold that an extension found gone from too many nodes, or out of validity:
+    /// its validity is over, and its keys are released in the background on every node,
+    /// wherever they are left or the extension itself renewed or set them again (a plain
+    /// or multi extension heals the nodes where the key is absent), each release queued
+    /// behind the extension there. Otherwise a lock known to be lost would keep those
+    /// nodes from everyone else for a whole lease. Later extensions, checks and the release
+    /// answer from this without asking the nodes.
+    fn lose(&mut self) {
+        self.note_release();
+        self.deadline = self.deadline.min(Instant::now());
+        self.lost = true;
+        // No longer a grant: its waiters were told above, and the release below is not
+        // one they should take for this hold's.
+        self.granted = false;
+        self.release_detached();
+        self.armed = false;
     }
 
     /// Releases on every node, returning at the quorum; the other nodes finish in the
@@ -297,6 +325,9 @@ impl<P: Protocol> Claim<P> {
     }
 
     async fn release_round(mut self) -> Result<()> {
+        if self.lost {
+            return Err(self.local_error(ErrorKind::NotHeld, LOST));
+        }
         let was_valid = self.is_valid();
         let command = Arc::new(self.proto.command(Op::Release, self.ttl));
         let (round, rest, tracked) = self.undo_round(Op::Release, &command).await;
@@ -318,6 +349,9 @@ impl<P: Protocol> Claim<P> {
     /// Asks the nodes whether a quorum still has this hold: `Ok(true)` if so, `Ok(false)`
     /// if too many no longer do, [`ErrorKind::Unavailable`] if too few answered.
     pub(crate) async fn is_held(&self) -> Result<bool> {
+        if self.lost {
+            return Ok(false);
+        }
         let command = Arc::new(self.proto.command(Op::Check, self.ttl));
         let n = self.core.nodes.len();
         let slots = Slots::new(n);

@@ -84,7 +84,8 @@ impl Lease {
         }
     }
 
-    /// The instant at which the current validity ends (extensions push it back).
+    /// The instant at which the current validity ends (extensions push it back); once the
+    /// lock is lost, no later than the moment that was found.
     pub fn deadline(&self) -> Instant {
         self.status.borrow().deadline
     }
@@ -331,6 +332,7 @@ async fn extend<G: Guard>(
                 crate::telemetry::lost(reason);
             }
             s.end = s.end.take().or(Some(End::Lost(err)));
+            s.deadline = s.deadline.min(Instant::now());
         });
     };
     loop {

@@ -76,6 +76,18 @@ fn the_lock_reports_contention_unreachable_nodes_and_losses() {
         assert!(seen.total("redlock_acquire_duration_seconds", &[("outcome", "granted")]) >= 1);
         assert!(seen.total("redlock_hold_duration_seconds", &[("kind", "lock")]) >= 1);
 
+        // A hold an extension finds gone ends there, counted once, even when its guard is
+        // dropped without a release.
+        let held = seen.total("redlock_hold_duration_seconds", &[("kind", "lock")]);
+        let mut lost = holder.try_lock("gone").await.unwrap();
+        for i in [0, 1] {
+            cluster.node(i).set("gone", "foreign").unwrap();
+        }
+        lost.extend(Duration::from_secs(10)).await.unwrap_err();
+        drop(lost);
+        assert_eq!(seen.total("redlock_releases_total", &[("outcome", "not_held")]), 1);
+        assert_eq!(seen.total("redlock_hold_duration_seconds", &[("kind", "lock")]), held + 1);
+
         // A killed node: its requests are counted as unreachable, under its own label.
         let dead = format!("127.0.0.1:{}/0", cluster.node(2).port());
         cluster.node_mut(2).kill().unwrap();

@@ -246,10 +246,10 @@ impl<P: Protocol> Claim<P> {
     }
 
     async fn extend_round(&mut self, ttl: Duration) -> Result<()> {
-        let ttl = self.core.config.ttl(Some(ttl))?;
         if self.lost {
             return Err(self.local_error(ErrorKind::NotHeld, LOST));
         }
+        let ttl = self.core.config.ttl(Some(ttl))?;
         if !self.is_valid() {
             return Err(self.local_error(ErrorKind::NotHeld, "validity is over: not extending"));
         }
@@ -299,21 +299,27 @@ impl<P: Protocol> Claim<P> {
     /// or multi extension heals the nodes where the key is absent), each release queued
     /// behind the extension there. Otherwise a lock known to be lost would keep those
     /// nodes from everyone else for a whole lease. Later extensions, checks and the release
-    /// answer from this without asking the nodes.
+    /// answer from this without asking the nodes; the hold's end and its release are
+    /// counted here, once.
     fn lose(&mut self) {
-        self.note_release();
+        let kind = self.proto.kind();
+        telemetry::held(kind, self.since.elapsed());
+        telemetry::released(kind, ErrorKind::NotHeld.as_str());
         self.deadline = self.deadline.min(Instant::now());
         self.lost = true;
-        // No longer a grant: its waiters were told above, and the release below is not
-        // one they should take for this hold's.
-        self.granted = false;
+        // Tells this client's waiters, as any release does: they try again, and a release
+        // of the key counted on a quorum within a node timeout is taken for this one.
         self.release_detached();
+        self.granted = false;
         self.armed = false;
     }
 
     /// Releases on every node, returning at the quorum; the other nodes finish in the
     /// background. `Ok` means the lock was held until this call.
     pub(crate) async fn release(self) -> Result<()> {
+        if self.lost {
+            return Err(self.local_error(ErrorKind::NotHeld, LOST));
+        }
         let kind = self.proto.kind();
         telemetry::held(kind, self.since.elapsed());
         let result = self.release_round().await;
@@ -325,9 +331,6 @@ impl<P: Protocol> Claim<P> {
     }
 
     async fn release_round(mut self) -> Result<()> {
-        if self.lost {
-            return Err(self.local_error(ErrorKind::NotHeld, LOST));
-        }
         let was_valid = self.is_valid();
         let command = Arc::new(self.proto.command(Op::Release, self.ttl));
         let (round, rest, tracked) = self.undo_round(Op::Release, &command).await;

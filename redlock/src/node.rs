@@ -134,9 +134,6 @@ pub(crate) struct Node {
     quarantined_until: Arc<Mutex<Option<Instant>>>,
     /// Whether a refused release notification was already reported.
     notify_refused: AtomicBool,
-    /// Whether the last connect that ended was refused: nothing listens there, so what the
-    /// node had not run when its process went is gone.
-    refusing: AtomicBool,
     /// Until when the node counts as late, in nanoseconds from `epoch` (0: not late): its
     /// last answer timed out, or came only after a wait for a round's stragglers that
     /// counted on it (see `round::run`). A slow or hung node is not waited for again until
@@ -173,7 +170,6 @@ impl Node {
             quarantine,
             quarantined_until: Arc::default(),
             notify_refused: AtomicBool::new(false),
-            refusing: AtomicBool::new(false),
             late_until: AtomicU64::new(0),
             epoch: Instant::now(),
             servers,
@@ -212,11 +208,6 @@ impl Node {
     /// `host:port/db`, the identity used in reports (never a password).
     pub(crate) fn name(&self) -> &Arc<str> {
         &self.name
-    }
-
-    /// Whether the last connect to the node that ended was refused (no process listens).
-    pub(crate) fn refuses(&self) -> bool {
-        self.refusing.load(Ordering::Relaxed)
     }
 
     /// Whether the node timed out, or missed a wait for stragglers that counted on it, less
@@ -371,7 +362,6 @@ impl Node {
             }
         };
         let result = future.await;
-        self.refusing.store(matches!(result, Err(Failure::Refused(_))), Ordering::Relaxed);
         let mut guard = self.lock_state();
         let (_, state) = &mut *guard;
         if matches!(state, State::Connecting { generation: g, .. } if *g == generation) {

@@ -17,10 +17,7 @@
 //!   the request it undoes and runs after it even when it timed out (the node was hung);
 //!   once the connection broke, the request may still sit in the hung node's buffer while
 //!   the undo was lost with the connection, and the request then runs alone when the node
-//!   wakes up. Likewise an undo lost with broken connections through all of its call's own
-//!   quick re-sends (a node that resets connections for longer than they last, a network
-//!   blip): the node is up, and may hold what the undo removes. A node that refuses
-//!   connections is not retried: what it had not run is gone.
+//!   wakes up. A node that refuses connections is not retried: what it had not run is gone.
 //! - Failures that remain are counted and logged, never silent.
 
 use std::future::Future;
@@ -185,25 +182,15 @@ pub(crate) fn finish<F, M: Remake>(
 impl<M: Remake> Undos<M> {
     /// Whether node `i`'s connection was replaced since the first request these undos
     /// undo was made: an undo that timed out may then have been lost with it.
-    fn reconnected(&self, i: usize) -> bool {
+    pub(crate) fn reconnected(&self, i: usize) -> bool {
         self.core.nodes[i].generation() != self.generations[i]
     }
 
-    /// Whether node `i`'s undo, ended with `outcome`, is to be sent again (see the module's
-    /// rules): it timed out after a reconnect, or it was lost with broken connections
-    /// through all its call's own re-sends while the node, up, may hold what it undoes.
-    pub(crate) fn worth_again(&self, i: usize, outcome: &NodeOutcome) -> bool {
-        match outcome {
-            NodeOutcome::TimedOut => self.reconnected(i),
-            NodeOutcome::Unreachable(_) => !self.core.nodes[i].refuses(),
-            _ => false,
-        }
-    }
-
-    /// Sends node `i`'s undo again if it is [worth it](Self::worth_again); `false` if it is
-    /// over.
+    /// Sends node `i`'s undo again if it timed out after a reconnect (see the module's
+    /// rules); `false` if it is over.
     fn sends_again(&self, i: usize, outcome: &NodeOutcome, retries: &mut Option<Retries>) -> bool {
-        self.worth_again(i, outcome)
+        *outcome == NodeOutcome::TimedOut
+            && self.reconnected(i)
             && retries.get_or_insert_with(|| Retries::new(self.core.nodes.len())).again(i, self)
     }
 }

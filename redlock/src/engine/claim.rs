@@ -482,10 +482,13 @@ impl<P: Protocol> Claim<P> {
             generations: self.generations.clone(),
         };
         // What the round took itself and a task of the background would have handled:
-        // the answers that came while it waited for its stragglers, and the undos to send
-        // again (timeouts after a reconnect, undos lost to resets), whenever they came.
+        // the answers that came while it waited for its stragglers, and timeouts after a
+        // reconnect, which are sent again whenever they came.
         let taken: background::Taken = (round.outcomes.iter().enumerate())
-            .filter(|&(i, outcome)| round.lingered.contains(&i) || undos.worth_again(i, outcome))
+            .filter(|&(i, outcome)| {
+                round.lingered.contains(&i)
+                    || (*outcome == NodeOutcome::TimedOut && undos.reconnected(i))
+            })
             .map(|(i, outcome)| (i, outcome.clone()))
             .collect();
         background::finish(undos, rest, pending, taken, Some(tracked), Place::Caller);

@@ -41,11 +41,12 @@ mod common;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use redlock::{Redlock, Retry};
-use redlock_testkit::{Cluster, FaultyCluster, NetFault};
+use redlock_testkit::{Cluster, FaultyCluster, NetFault, Proxy};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -296,7 +297,7 @@ async fn taking_turns(
     run: Duration,
 ) -> (u64, u64) {
     let before = common::set_calls(cluster.node(0));
-    let grants = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let grants = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let end = Instant::now() + run;
     let handles: Vec<_> = (0..tasks)
         .map(|_| {
@@ -367,7 +368,6 @@ const RESOURCES: [&str; 4] = ["p", "q", "rw", "re"];
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_client_handoffs_of_every_kind_keep_exclusion_under_faults() {
     use redlock_testkit::{Fuzz, Grant, History, NodeConfig};
-    use std::sync::Arc;
 
     let clients = 2;
     let faulty = FaultyCluster::start_for_clients(5, clients, NodeConfig::new()).unwrap();
@@ -738,6 +738,47 @@ fn drop_replies() -> NetFault {
     NetFault::Fuzz(redlock_testkit::Fuzz::new(7).with_drop_reply(1.0))
 }
 
+/// One round of a release whose replies are lost: `holder` holds `key` while a task of
+/// `next` waits for it (and holds it 1.5 s once granted); every node's `proxy` drops the
+/// replies for the first 40 ms of the release. Returns what the release said, the next
+/// holder's token and its task.
+async fn release_behind_lost_replies(
+    faulty: &Arc<FaultyCluster>,
+    proxy: for<'a> fn(&'a FaultyCluster, usize) -> &'a Proxy,
+    holder: &Redlock,
+    next: &Redlock,
+    key: &'static str,
+) -> (redlock::Result<()>, String, tokio::task::JoinHandle<()>) {
+    let held = holder.lock(key).await.unwrap();
+    let (granted_tx, granted_rx) = tokio::sync::oneshot::channel();
+    let next = tokio::spawn({
+        let next = next.clone();
+        async move {
+            let lock = next.lock(key).await.unwrap();
+            let _ = granted_tx.send(lock.token().to_owned());
+            tokio::time::sleep(ms(1500)).await;
+            lock.release().await.unwrap();
+        }
+    });
+    subscribed(faulty.cluster(), key).await;
+    for i in 0..3 {
+        proxy(faulty, i).set_fault(drop_replies());
+    }
+    let healer = {
+        let faulty = faulty.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(ms(40));
+            for i in 0..3 {
+                proxy(&faulty, i).heal();
+            }
+        })
+    };
+    let released = held.release().await;
+    healer.join().unwrap();
+    let token = tokio::time::timeout(Duration::from_secs(5), granted_rx).await.unwrap().unwrap();
+    (released, token, next)
+}
+
 /// Every node runs the release but its reply is lost with the connection (the proxies
 /// swallow replies for 40 ms): the release is sent again. The waiter, woken by the
 /// announce, had its SET queued right behind the release on the same connections: it ran
@@ -748,39 +789,13 @@ fn drop_replies() -> NetFault {
 /// in every run (within five rounds), passes at the parent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_re_sent_after_a_lost_reply_still_says_ok() {
-    let faulty = std::sync::Arc::new(FaultyCluster::start(3).unwrap());
+    let faulty = Arc::new(FaultyCluster::start(3).unwrap());
     let rl = patient(faulty.urls(), ms(500), Duration::from_secs(1));
     common::warm(&rl).await;
     for round in 0..5 {
         let key: &'static str = Box::leak(format!("resent:{round}").into_boxed_str());
-        let held = rl.lock(key).await.unwrap();
-        let (granted_tx, granted_rx) = tokio::sync::oneshot::channel();
-        let next = tokio::spawn({
-            let rl = rl.clone();
-            async move {
-                let lock = rl.lock(key).await.unwrap();
-                let _ = granted_tx.send(lock.token().to_owned());
-                tokio::time::sleep(ms(1500)).await;
-                lock.release().await.unwrap();
-            }
-        });
-        subscribed(faulty.cluster(), key).await;
-        for i in 0..3 {
-            faulty.proxy(i).set_fault(drop_replies());
-        }
-        let healer = {
-            let faulty = faulty.clone();
-            std::thread::spawn(move || {
-                std::thread::sleep(ms(40));
-                for i in 0..3 {
-                    faulty.proxy(i).heal();
-                }
-            })
-        };
-        let released = held.release().await;
-        healer.join().unwrap();
-        let token =
-            tokio::time::timeout(Duration::from_secs(5), granted_rx).await.unwrap().unwrap();
+        let (released, token, next) =
+            release_behind_lost_replies(&faulty, |f, i| f.proxy(i), &rl, &rl, key).await;
         assert!(
             released.is_ok(),
             "round {round}: a valid hold's release said {:?} (the waiter's lock is on nodes {:?})",
@@ -802,42 +817,15 @@ async fn a_release_re_sent_after_a_lost_reply_still_says_ok() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_re_sent_after_a_lost_reply_leaves_another_clients_hold_alone() {
     use redlock_testkit::NodeConfig;
-    let faulty =
-        std::sync::Arc::new(FaultyCluster::start_for_clients(3, 2, NodeConfig::new()).unwrap());
+    let faulty = Arc::new(FaultyCluster::start_for_clients(3, 2, NodeConfig::new()).unwrap());
     let a = patient(faulty.urls_for(0), ms(500), Duration::from_secs(1));
     let b = patient(faulty.urls_for(1), ms(500), Duration::from_secs(1));
     common::warm(&a).await;
     common::warm(&b).await;
     for round in 0..5 {
         let key: &'static str = Box::leak(format!("resent-b:{round}").into_boxed_str());
-        let held = a.lock(key).await.unwrap();
-        let (granted_tx, granted_rx) = tokio::sync::oneshot::channel();
-        let next = tokio::spawn({
-            let b = b.clone();
-            async move {
-                let lock = b.lock(key).await.unwrap();
-                let _ = granted_tx.send(lock.token().to_owned());
-                tokio::time::sleep(ms(1500)).await;
-                lock.release().await.unwrap();
-            }
-        });
-        subscribed(faulty.cluster(), key).await;
-        for i in 0..3 {
-            faulty.client_proxy(0, i).set_fault(drop_replies());
-        }
-        let healer = {
-            let faulty = faulty.clone();
-            std::thread::spawn(move || {
-                std::thread::sleep(ms(40));
-                for i in 0..3 {
-                    faulty.client_proxy(0, i).heal();
-                }
-            })
-        };
-        let released = held.release().await;
-        healer.join().unwrap();
-        let token =
-            tokio::time::timeout(Duration::from_secs(5), granted_rx).await.unwrap().unwrap();
+        let (released, token, next) =
+            release_behind_lost_replies(&faulty, |f, i| f.client_proxy(0, i), &a, &b, key).await;
         assert!(
             released
                 .as_ref()
@@ -879,7 +867,7 @@ async fn another_clients_waiter_is_not_starved_by_one_clients_turns() {
         .unwrap();
     common::warm(&a).await;
     common::warm(&b).await;
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let turns: Vec<_> = (0..2)
         .map(|_| {
             let (a, stop) = (a.clone(), stop.clone());

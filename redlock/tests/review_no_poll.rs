@@ -69,6 +69,23 @@ async fn watched_by(cluster: &redlock_testkit::Cluster, key: &str, n: i64) {
     );
 }
 
+/// Client `d` holds `L`, client `c` holds `K`, and a waiter of `c` for a multi-resource
+/// lock of `K` and `L` (which cannot succeed while `d` holds `L`) watches `K`.
+async fn held_before_a_doomed_multi_waiter(
+    cluster: &redlock_testkit::Cluster,
+    c: &Redlock,
+    d: &Redlock,
+) -> (redlock::Lock, redlock::Lock, tokio::task::JoinHandle<redlock::Result<()>>) {
+    let blocker = d.try_lock("L").await.unwrap();
+    let stuck = c.try_lock("K").await.unwrap();
+    let multi = {
+        let c = c.clone();
+        tokio::spawn(async move { c.many(&["K", "L"]).await.map(|_| ()) })
+    };
+    watched_by(cluster, "K", 1).await;
+    (blocker, stuck, multi)
+}
+
 // ---------------------------------------------------------------------------------------
 // Stale `held`: the hold is gone from the nodes, its guard still exists (a task stuck with
 // it, or one that ignores its lost lease), and this client's waiters sit out their ticks
@@ -149,13 +166,7 @@ async fn a_plain_waiter_behind_a_refused_multi_waiter_stays_out_after_a_force_re
     let cluster = common::cluster(3);
     let c = waiting(cluster.urls(), Duration::from_secs(6));
     let d = common::client(&cluster);
-    let blocker = d.try_lock("L").await.unwrap();
-    let mut stuck = c.try_lock("K").await.unwrap();
-    let multi = {
-        let c = c.clone();
-        tokio::spawn(async move { c.many(&["K", "L"]).await.map(|_| ()) })
-    };
-    watched_by(&cluster, "K", 1).await;
+    let (blocker, mut stuck, multi) = held_before_a_doomed_multi_waiter(&cluster, &c, &d).await;
     let plain = timed_lock(&c, "K");
     tokio::time::sleep(Duration::from_millis(300)).await;
     stuck.extend(LEASE).await.unwrap();
@@ -326,13 +337,7 @@ async fn a_waiter_of_another_client_finds_the_lost_hold_at_its_next_tick() {
     let mut cluster = common::cluster(3);
     let c = waiting(cluster.urls(), Duration::from_secs(5));
     let d = waiting(cluster.urls(), Duration::from_secs(5));
-    let blocker = d.try_lock("L").await.unwrap();
-    let mut stuck = c.try_lock("K").await.unwrap();
-    let ours = {
-        let c = c.clone();
-        tokio::spawn(async move { c.many(&["K", "L"]).await.map(|_| ()) })
-    };
-    watched_by(&cluster, "K", 1).await;
+    let (blocker, mut stuck, ours) = held_before_a_doomed_multi_waiter(&cluster, &c, &d).await;
     let theirs = timed_lock(&d, "K");
     watched_by(&cluster, "K", 2).await;
     tokio::time::sleep(Duration::from_millis(200)).await;

@@ -178,13 +178,8 @@ async fn a_late_release_that_frees_nothing_does_not_swallow_the_next_release() {
     let late = held.release().await;
     assert!(late.is_err(), "a release of an expired lease said Ok");
     tokio::time::sleep(ms(100)).await;
-    let released_at = Instant::now();
-    other.release().await.unwrap();
-    let granted_at = tokio::time::timeout(Duration::from_secs(8), waiting)
-        .await
-        .expect("the waiter never got the free lock")
-        .unwrap();
-    let gap = granted_at - released_at;
+    let release = async { other.release().await.unwrap() };
+    let gap = gap_to_grant(release, waiting, Duration::from_secs(8)).await;
     assert!(gap < Duration::from_secs(1), "the free lock reached the waiter after {gap:?}");
 }
 
@@ -220,13 +215,8 @@ async fn a_cancelled_attempt_does_not_swallow_the_next_release() {
     let gave_up = tokio::time::timeout(ms(5), a.try_lock("cancel")).await;
     assert!(gave_up.is_err());
     tokio::time::sleep(ms(150)).await;
-    let released_at = Instant::now();
-    other.release().await.unwrap();
-    let granted_at = tokio::time::timeout(Duration::from_secs(8), waiting)
-        .await
-        .expect("the waiter never got the free lock")
-        .unwrap();
-    let gap = granted_at - released_at;
+    let release = async { other.release().await.unwrap() };
+    let gap = gap_to_grant(release, waiting, Duration::from_secs(8)).await;
     assert!(gap < Duration::from_secs(1), "the free lock reached the waiter after {gap:?}");
 }
 
@@ -270,13 +260,8 @@ async fn handoffs_right_after_a_blip_do_not_wait_for_the_poll() {
         subscribed(faulty.cluster(), key).await;
         blip(&faulty).await;
         subscribed(faulty.cluster(), key).await;
-        let released_at = Instant::now();
-        held.release().await.unwrap();
-        let granted_at = tokio::time::timeout(Duration::from_secs(5), waiting)
-            .await
-            .expect("the waiter never got the free lock")
-            .unwrap();
-        let gap = granted_at - released_at;
+        let release = async { held.release().await.unwrap() };
+        let gap = gap_to_grant(release, waiting, Duration::from_secs(5)).await;
         if gap > Duration::from_secs(1) {
             stalls.push((round, gap));
         }
@@ -669,10 +654,20 @@ async fn woken_by_the_last_release(
 ) -> Duration {
     first.await.unwrap();
     tokio::time::sleep(ms(100)).await;
+    gap_to_grant(async { last.await.unwrap() }, waiter, Duration::from_secs(8)).await
+}
+
+/// How long after `release` starts the task `waiting` is granted the lock (within `within`).
+async fn gap_to_grant(
+    release: impl Future<Output = ()>,
+    waiting: tokio::task::JoinHandle<Instant>,
+    within: Duration,
+) -> Duration {
     let released_at = Instant::now();
-    last.await.unwrap();
-    let granted_at = tokio::time::timeout(Duration::from_secs(8), waiter).await.unwrap().unwrap();
-    granted_at - released_at
+    release.await;
+    let granted_at =
+        tokio::time::timeout(within, waiting).await.expect("the waiter never got the free lock");
+    granted_at.unwrap() - released_at
 }
 
 // ---------------------------------------------------------------------------------------

@@ -86,6 +86,16 @@ async fn held_before_a_doomed_multi_waiter(
     (blocker, stuck, multi)
 }
 
+/// Three nodes behind proxies; client A through them (250 ms node timeout, connections
+/// open), client B straight to the nodes.
+async fn two_clients_on_three_proxied_nodes() -> (Arc<FaultyCluster>, Redlock, Redlock) {
+    let faulty = Arc::new(FaultyCluster::start(3).unwrap());
+    let a = common::builder_for(faulty.urls(), Duration::from_millis(250)).build().unwrap();
+    let b = common::client(faulty.cluster());
+    a.try_lock("warm").await.unwrap().release().await.unwrap();
+    (faulty, a, b)
+}
+
 // ---------------------------------------------------------------------------------------
 // Stale `held`: the hold is gone from the nodes, its guard still exists (a task stuck with
 // it, or one that ignores its lost lease), and this client's waiters sit out their ticks
@@ -426,10 +436,7 @@ fn heal_after(faulty: &Arc<FaultyCluster>, node: usize, ms: u64) -> std::thread:
 /// the same release said `NotHeld`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resent_release_that_finds_another_owner_says_ok_for_a_hold_lost_before_it() {
-    let faulty = Arc::new(FaultyCluster::start(3).unwrap());
-    let a = common::builder_for(faulty.urls(), Duration::from_millis(250)).build().unwrap();
-    let b = common::client(faulty.cluster());
-    a.try_lock("warm").await.unwrap().release().await.unwrap();
+    let (faulty, a, b) = two_clients_on_three_proxied_nodes().await;
     let lock = a.try_lock("k").await.unwrap();
     let everywhere = || faulty.cluster().nodes_holding("k", lock.token()).len() == 3;
     assert!(common::eventually(Duration::from_secs(2), everywhere).await);
@@ -462,10 +469,7 @@ async fn a_resent_release_that_finds_another_owner_says_ok_for_a_hold_lost_befor
 /// lock was held from the grant until the work returned, while B held it meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_lock_says_ok_for_work_done_while_another_owner_held_the_lock() {
-    let faulty = Arc::new(FaultyCluster::start(3).unwrap());
-    let a = common::builder_for(faulty.urls(), Duration::from_millis(250)).build().unwrap();
-    let b = common::client(faulty.cluster());
-    a.try_lock("warm").await.unwrap().release().await.unwrap();
+    let (faulty, a, b) = two_clients_on_three_proxied_nodes().await;
     let (b_hold_tx, b_hold_rx) = std::sync::mpsc::channel();
     let result = a
         .with_lock(a.try_lock("k"), |_lease| {

@@ -167,14 +167,18 @@ async fn latency_that_eats_the_lease_is_refused_not_granted_expired() {
 async fn many_locks_through_a_hung_node_leave_nothing_on_it() {
     let mut cluster = common::cluster(3);
     // A fresh client: its connections (and the scripts they load) open during the test.
-    let rl = common::builder(&cluster, Duration::from_millis(20)).build().unwrap();
+    // The node timeout leaves room for a loaded machine's healthy nodes (20 ms did not, on
+    // CI); the hung node's requests are made to outlast it by the wait before the resume.
+    let node_timeout = Duration::from_millis(250);
+    let rl = common::builder(&cluster, node_timeout).build().unwrap();
     rl.try_lock("warm").await.unwrap().release().await.unwrap();
     cluster.node_mut(2).pause().unwrap();
     for i in 0..200 {
         let lock = rl.try_lock(&format!("k:{i}")).await.unwrap();
         lock.release().await.unwrap();
     }
-    // Every SET queued on the hung node has its release queued behind it.
+    // Every SET queued on the hung node has timed out, with its release queued behind it.
+    tokio::time::sleep(node_timeout + Duration::from_millis(50)).await;
     cluster.node_mut(2).resume().unwrap();
     let keys = |cluster: &redlock_testkit::Cluster| {
         let mut con = cluster.node(2).connection().unwrap();

@@ -82,6 +82,25 @@ fn evals(cluster: &redlock_testkit::Cluster) -> u64 {
         .sum()
 }
 
+/// Scripts are loaded when a connection opens, before its first request: a fresh client on
+/// fresh nodes runs every kind's scripts by hash, with no `NOSCRIPT` and no `EVAL`. (Were they
+/// loaded only on demand, a release queued behind a `SET` on a hung node would meet `NOSCRIPT`
+/// after its caller gave up, and the late `SET` would stay; see the command module.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_connection_runs_every_script_by_hash_from_its_first_request() {
+    let cluster = common::cluster(3);
+    let rl = common::client(&cluster);
+    let mut lock = rl.try_lock("p").fenced().await.unwrap();
+    lock.extend(Duration::from_secs(20)).await.unwrap();
+    lock.release().await.unwrap();
+    rl.many(&["m1", "m2"]).once().await.unwrap().release().await.unwrap();
+    rl.read("rw").once().await.unwrap().release().await.unwrap();
+    rl.write("rw").once().await.unwrap().release().await.unwrap();
+    rl.reentrant("re", "job-1").once().await.unwrap().release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(evals(&cluster), 0, "a script ran through the EVAL fallback");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_kind_works_through_the_eval_fallback() {
     let cluster = common::cluster(3);

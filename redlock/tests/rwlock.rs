@@ -352,7 +352,7 @@ async fn contending_readers_and_writers_keep_exclusion() {
 async fn auto_extension_keeps_shares_and_writers_and_signals_a_lost_share() {
     const TTL: Duration = Duration::from_millis(300);
     let cluster = common::cluster(3);
-    let rl = common::builder(&cluster, Duration::from_millis(50)).ttl(TTL).build().unwrap();
+    let rl = common::builder(&cluster, Duration::from_millis(100)).ttl(TTL).build().unwrap();
 
     let reader = rl.read("doc").once().await.unwrap();
     let field = reader.field().to_owned();

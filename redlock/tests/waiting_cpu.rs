@@ -29,7 +29,7 @@ fn cpu_ticks() -> u64 {
 async fn a_waiter_with_no_pause_behind_a_live_first_one_does_not_spin() {
     let cluster = common::cluster(5);
     let holder = common::client(&cluster);
-    let rl = common::builder(&cluster, Duration::from_millis(50))
+    let rl = common::builder(&cluster, Duration::from_millis(200))
         .retry(every(Duration::from_millis(100)))
         .build()
         .unwrap();

@@ -827,10 +827,15 @@ async fn a_release_re_sent_after_a_lost_reply_leaves_another_clients_hold_alone(
                 .map_or_else(|err| err.kind() == redlock::ErrorKind::NotHeld, |()| true),
             "round {round}: the release said {released:?}"
         );
-        assert_eq!(
-            faulty.cluster().nodes_holding(key, &token),
-            vec![0, 1, 2],
-            "round {round}: the re-sent release touched b's hold"
+        // `b` may have been granted at two nodes, its third SET refused by `a`'s key or
+        // still on its way: what it holds once `a`'s release is over stays.
+        let at_grant = faulty.cluster().nodes_holding(key, &token);
+        assert!(at_grant.len() >= 2, "round {round}: b holds only {at_grant:?}");
+        tokio::time::sleep(ms(300)).await;
+        let later = faulty.cluster().nodes_holding(key, &token);
+        assert!(
+            at_grant.iter().all(|i| later.contains(i)),
+            "round {round}: the re-sent release touched b's hold ({at_grant:?}, then {later:?})"
         );
         next.await.unwrap();
     }

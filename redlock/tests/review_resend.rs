@@ -66,6 +66,7 @@ async fn a_resent_read_acquisition_that_lands_twice_leaves_no_share_behind() {
 
     // R's connections are warm: a broken one is then "stale" and its request re-sent.
     r.try_lock("warm-up").await.unwrap().release().await.unwrap();
+    common::connect_all(&r).await;
 
     cluster.client_proxy(1, 2).set_fault(NetFault::Blackhole);
     let writer = w.write("doc").once().await.unwrap();

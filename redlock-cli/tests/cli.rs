@@ -69,6 +69,11 @@ fn signal(child: &Child, sig: nix::sys::signal::Signal) {
     nix::sys::signal::kill(pid, sig).unwrap();
 }
 
+/// A command that sets `traps`, marks `started`, then loops until a signal ends it.
+fn looping(traps: &str, started: &Path) -> String {
+    format!("{traps}; touch {}; while true; do sleep 0.05; done", started.display())
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -120,11 +125,7 @@ fn sigterm_is_forwarded_and_every_key_is_gone_before_redlock_exits() {
     let cluster = cluster(3);
     let dir = scratch();
     let (started, got) = (dir.join("started"), dir.join("got-term"));
-    let script = format!(
-        "trap 'touch {}; exit 143' TERM; touch {}; while true; do sleep 0.05; done",
-        got.display(),
-        started.display()
-    );
+    let script = looping(&format!("trap 'touch {}; exit 143' TERM", got.display()), &started);
     let child = redlock(&cluster).args(["run", "job"]).args(sh(&script)).spawn().unwrap();
     assert!(wait_for(&started, Duration::from_secs(5)));
     assert_eq!(cluster.count_key("job"), 3);
@@ -141,11 +142,7 @@ fn a_forced_release_loses_the_lock_the_group_gets_term_then_kill_and_redlock_exi
     let dir = scratch();
     let (started, got) = (dir.join("started"), dir.join("got-term"));
     // Ignores TERM (records it), so only the KILL after the grace period ends it.
-    let script = format!(
-        "trap 'touch {}' TERM; touch {}; while true; do sleep 0.05; done",
-        got.display(),
-        started.display()
-    );
+    let script = looping(&format!("trap 'touch {}' TERM", got.display()), &started);
     let child = redlock(&cluster)
         .env("REDLOCK_TTL", "600ms")
         .args(["run", "--kill-after", "500ms", "job"])
@@ -354,10 +351,15 @@ fn check_names_a_user_who_may_not_lock_and_one_who_may_not_notify() {
     assert!(shown.contains("release notifications refused"), "{shown}");
     assert!(!shown.contains("may not use the lock"), "{shown}");
     assert!(!shown.contains("pw@"), "no password shown: {shown}");
-    let _ = code;
+    assert_eq!(code, Some(0), "a user who may not notify is a warning, not an error: {shown}");
     let (code, shown) = check(&urls_as("elsewhere"));
     assert_eq!(code, Some(1), "{shown}");
     assert!(shown.contains("may not use the lock") && shown.contains("NOPERM"), "{shown}");
+    let (code, shown) = check(
+        &urls_as("elsewhere").iter().map(|u| u.replace(":pw@", ":wrong@")).collect::<Vec<_>>(),
+    );
+    assert_eq!(code, Some(1), "a refused login is an error: {shown}");
+    assert!(!shown.contains("wrong@"), "no password shown: {shown}");
 }
 
 #[test]
@@ -391,4 +393,136 @@ fn tls_files_from_the_environment_reach_mutual_tls_nodes() {
         .output()
         .unwrap();
     assert_eq!(output.status.code(), Some(125), "{}", text(&output.stderr));
+}
+
+/// Each forwarded signal reaches the command's group; a command that dies of signal N
+/// makes redlock exit 128+N (also for a signal redlock never sent), with every key gone.
+#[test]
+fn every_forwarded_signal_reaches_the_command_and_a_death_by_signal_n_exits_128_plus_n() {
+    use nix::sys::signal::Signal;
+    let cluster = cluster(3);
+    let dir = scratch();
+    for sig in [Signal::SIGINT, Signal::SIGHUP, Signal::SIGQUIT, Signal::SIGUSR1, Signal::SIGUSR2] {
+        let started = dir.join(format!("started-{sig}"));
+        // `exec`: the signal's default action ends the command itself.
+        let script = format!("touch {}; exec sleep 30", started.display());
+        let child = redlock(&cluster).args(["run", "job"]).args(sh(&script)).spawn().unwrap();
+        assert!(wait_for(&started, Duration::from_secs(5)), "{sig}: never started");
+        // The marker is written just before the `exec`: give it a moment to happen.
+        std::thread::sleep(Duration::from_millis(100));
+        signal(&child, sig);
+        let output = finish(child, Duration::from_secs(10));
+        assert_eq!(output.status.code(), Some(128 + sig as i32), "{sig}: {}", text(&output.stderr));
+        assert_eq!(cluster.count_key("job"), 0, "{sig}: released everywhere before exiting");
+    }
+    let output = redlock(&cluster).args(["run", "job"]).args(sh("kill -KILL $$")).output().unwrap();
+    assert_eq!(output.status.code(), Some(128 + 9), "{}", text(&output.stderr));
+    assert_eq!(cluster.count_key("job"), 0);
+}
+
+/// `--max-hold` ends the hold like a lost lock: the group gets `--lost-signal` (here USR1,
+/// not the default TERM) and redlock exits 124, not before the cap.
+#[test]
+fn max_hold_ends_the_run_with_the_lost_signal_asked_for_and_124() {
+    let cluster = cluster(3);
+    let dir = scratch();
+    let (started, got) = (dir.join("started"), dir.join("got-usr1"));
+    let script =
+        looping(&format!("trap 'touch {}; exit 0' USR1; trap '' TERM", got.display()), &started);
+    let began = Instant::now();
+    let child = redlock(&cluster)
+        .env("REDLOCK_TTL", "500ms")
+        .args(["run", "--max-hold", "1s", "--lost-signal", "USR1", "--kill-after", "2s", "job"])
+        .args(sh(&script))
+        .spawn()
+        .unwrap();
+    assert!(wait_for(&started, Duration::from_secs(5)));
+    let output = finish(child, Duration::from_secs(10));
+    assert_eq!(output.status.code(), Some(124), "{}", text(&output.stderr));
+    assert!(got.exists(), "the command's group got USR1");
+    assert!(began.elapsed() >= Duration::from_secs(1), "ended before --max-hold");
+    assert_eq!(cluster.count_key("job"), 0);
+}
+
+/// Without `--kill-after`, a command that ignores the lost signal gets KILL 5 s after it.
+#[test]
+fn the_default_grace_before_kill_is_five_seconds() {
+    let cluster = cluster(3);
+    let dir = scratch();
+    let (started, got) = (dir.join("started"), dir.join("got-term"));
+    let script = looping(&format!("trap 'touch {}' TERM", got.display()), &started);
+    let child = redlock(&cluster)
+        .env("REDLOCK_TTL", "600ms")
+        .args(["run", "job"])
+        .args(sh(&script))
+        .spawn()
+        .unwrap();
+    assert!(wait_for(&started, Duration::from_secs(5)));
+    let forced = redlock(&cluster).args(["release", "--force", "--yes", "job"]).output().unwrap();
+    assert_eq!(forced.status.code(), Some(0), "{}", text(&forced.stderr));
+    assert!(wait_for(&got, Duration::from_secs(5)), "the group never got TERM");
+    let term = Instant::now();
+    let output = finish(child, Duration::from_secs(15));
+    let grace = term.elapsed();
+    assert_eq!(output.status.code(), Some(124), "{}", text(&output.stderr));
+    assert!(grace >= Duration::from_millis(4500), "KILL {grace:?} after TERM");
+}
+
+/// `REDLOCK_WAIT` and `REDLOCK_OWNER_LABEL` configure a run like their flags.
+#[test]
+fn wait_and_owner_label_come_from_the_environment() {
+    let cluster = cluster(3);
+    let dir = scratch();
+    let (started, out) = (dir.join("started"), dir.join("token"));
+    let script = format!("touch {}; sleep 1", started.display());
+    let first = redlock(&cluster).args(["run", "job"]).args(sh(&script)).spawn().unwrap();
+    assert!(wait_for(&started, Duration::from_secs(5)));
+    let impatient =
+        redlock(&cluster).env("REDLOCK_WAIT", "0").args(["run", "job"]).args(sh("exit 0")).output();
+    let impatient = impatient.unwrap();
+    assert_eq!(impatient.status.code(), Some(75), "{}", text(&impatient.stderr));
+    let patient = redlock(&cluster)
+        .env("REDLOCK_WAIT", "10s")
+        .env("REDLOCK_OWNER_LABEL", "nightly-box")
+        .args(["run", "job"])
+        .args(sh(&format!("echo $REDLOCK_TOKEN > {}", out.display())))
+        .output()
+        .unwrap();
+    assert_eq!(patient.status.code(), Some(0), "{}", text(&patient.stderr));
+    let token = std::fs::read_to_string(&out).unwrap();
+    assert!(token.trim().ends_with(".nightly-box"), "{token}");
+    let first = finish(first, Duration::from_secs(10));
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+}
+
+/// An ACL user who may not lock, or a login the nodes refuse, is redlock's own failure
+/// (125, naming the cause), not a conflict; no password is shown.
+#[test]
+fn acl_failures_exit_125_and_name_the_cause() {
+    let cluster = cluster(3);
+    for node in cluster.nodes() {
+        node.acl_setuser("elsewhere", "pw", &["~other:*", "&*", "+@all"]).unwrap();
+    }
+    let as_user = |user: &str, password: &str| -> String {
+        let urls: Vec<String> = cluster.nodes().iter().map(|n| n.url_as(user, password)).collect();
+        urls.join(",")
+    };
+    let denied = Command::new(BIN)
+        .env("REDLOCK_NODES", as_user("elsewhere", "pw"))
+        .args(["run", "job", "--", "true"])
+        .output()
+        .unwrap();
+    let shown = text(&denied.stderr);
+    assert_eq!(denied.status.code(), Some(125), "{shown}");
+    assert!(shown.contains("NOPERM"), "{shown}");
+    assert!(!shown.contains("pw@"), "no password shown: {shown}");
+    let refused = Command::new(BIN)
+        .env("REDLOCK_NODES", as_user("elsewhere", "wrong-pw"))
+        .args(["run", "job", "--", "true"])
+        .output()
+        .unwrap();
+    let shown = text(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(125), "{shown}");
+    assert!(!shown.contains("wrong-pw"), "no password shown: {shown}");
+    assert_eq!(cluster.count_key("job"), 0);
 }

@@ -139,7 +139,9 @@ macro_rules! guard {
             /// outlasts the validity, ends the hold: its validity is over, what is left of
             /// it on the nodes (including keys the extension renewed or set again) is
             /// released in the background, and from then on `extend()`, `is_held()` and
-            /// `release()` answer `NotHeld` (`false`) without asking the nodes.
+            /// `release()` answer `NotHeld` (`false`) without asking the nodes. (A node that
+            /// resets connections for longer than the release's re-sends, about 0.26 s, keeps
+            /// what the extension renewed there for that lease: a known limit.)
             ///
             /// # Errors
             /// [`ErrorKind::NotHeld`](crate::ErrorKind::NotHeld) when the validity is over
@@ -162,7 +164,10 @@ macro_rules! guard {
             /// # Errors
             /// [`ErrorKind::NotHeld`](crate::ErrorKind::NotHeld) when the lease had run out
             /// (locally, or on too many nodes) before the release, so the critical section
-            /// may have overlapped another holder's;
+            /// may have overlapped another holder's (a release re-sent after its connection
+            /// broke that finds the key absent cannot tell this from its first send's
+            /// removal, and says `Ok`: a known limit, see the crate's "Limits worth
+            /// knowing");
             /// [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable) when too few nodes
             /// answered. Keys that remain expire with their lease either way.
             pub async fn release(self) -> $crate::Result<()> {

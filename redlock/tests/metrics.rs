@@ -37,6 +37,20 @@ impl Seen {
         }
     }
 
+    /// Every value the label `label` of `name` was seen with.
+    fn label_values(&mut self, name: &str, label: &str) -> Vec<String> {
+        self.refresh();
+        let mut values: Vec<String> = self
+            .totals
+            .iter()
+            .filter(|((k, _), _)| k == name)
+            .flat_map(|((_, l), _)| l.iter().filter(|(k, _)| k == label).map(|(_, v)| v.clone()))
+            .collect();
+        values.sort();
+        values.dedup();
+        values
+    }
+
     /// The total of `name` (a counter's count, a histogram's samples) over the series whose
     /// labels include all of `labels`.
     fn total(&mut self, name: &str, labels: &[(&str, &str)]) -> u64 {
@@ -71,8 +85,26 @@ fn the_lock_reports_contention_unreachable_nodes_and_losses() {
             seen.total("redlock_attempts_total", &[("kind", "lock"), ("outcome", "not_acquired")]),
             1
         );
+        let mut lock = lock;
+        lock.extend(Duration::from_secs(10)).await.unwrap();
+        let extended = [("kind", "lock"), ("outcome", "ok")];
+        assert_eq!(seen.total("redlock_extensions_total", &extended), 1);
         lock.release().await.unwrap();
         assert_eq!(seen.total("redlock_releases_total", &[("outcome", "ok")]), 1);
+        let timed = [("op", "acquire"), ("outcome", "ok")];
+        assert!(seen.total("redlock_node_request_duration_seconds", &timed) >= 2);
+
+        // A guard dropped without a release: released in the background, counted as such.
+        drop(holder.try_lock("unreleased").await.unwrap());
+        let dropped =
+            || common::eventually(Duration::from_secs(2), || cluster.count_key("unreleased") == 0);
+        assert!(dropped().await);
+        assert_eq!(seen.total("redlock_releases_total", &[("outcome", "dropped")]), 1);
+
+        // Each kind under its own label.
+        holder.read("doc").once().await.unwrap().release().await.unwrap();
+        let kinds = seen.label_values("redlock_attempts_total", "kind");
+        assert!(kinds.len() >= 2 && kinds.contains(&"lock".to_owned()), "{kinds:?}");
         assert!(seen.total("redlock_acquire_duration_seconds", &[("outcome", "granted")]) >= 1);
         assert!(seen.total("redlock_hold_duration_seconds", &[("kind", "lock")]) >= 1);
 
@@ -118,5 +150,23 @@ fn the_lock_reports_contention_unreachable_nodes_and_losses() {
             reasons.iter().map(|r| seen.total("redlock_losses_total", &[("reason", r)])).sum();
         assert_eq!(by_reason, 1, "a loss is counted with the failed extension's reason");
         assert!(seen.total("redlock_extensions_total", &[]) >= 1);
+
+        // No resource in any label; nodes named by host:port/db only.
+        seen.refresh();
+        for ((name, labels), _) in &seen.totals {
+            for (key, value) in labels {
+                assert_ne!(key, "resource", "{name}");
+                assert!(
+                    !["job", "gone", "k2", "k3", "unreleased", "doc"].contains(&value.as_str()),
+                    "{name}: {key}={value}"
+                );
+                assert!(!value.contains('@') && !value.contains("redis://"), "{name}: {value}");
+            }
+        }
+        let nodes = seen.label_values("redlock_node_requests_total", "node");
+        assert!(
+            nodes.iter().all(|n| n.starts_with("127.0.0.1:") && n.ends_with("/0")),
+            "{nodes:?}"
+        );
     });
 }

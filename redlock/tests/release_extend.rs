@@ -183,9 +183,11 @@ async fn extend_with_a_killed_majority_is_unavailable() {
     assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("k") == 3).await);
     cluster.node_mut(0).kill().unwrap();
     cluster.node_mut(1).kill().unwrap();
+    let deadline = lock.deadline();
     let err = lock.extend(Duration::from_secs(10)).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
     assert!(lock.is_valid(), "the current lease is unaffected");
+    assert_eq!(lock.deadline(), deadline, "the validity is left as it was");
     assert_eq!(cluster.node(2).get("k").unwrap().as_deref(), Some(lock.token()));
 }
 

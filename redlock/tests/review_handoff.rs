@@ -782,6 +782,13 @@ async fn release_behind_lost_replies(
 /// that was valid and released. Before 3e45104 the waiter's SET waited for the release's
 /// last try, which found the key absent (re-sent: done). Fails at 3e45104 and a0a6a1e
 /// in every run (within five rounds), passes at the parent.
+///
+/// One false alarm is a known limit, not this bug: a caller's thread preempted between
+/// queueing the release and polling for its reply (one poll) while the driver's thread
+/// writes it, sees the connection drop and fails it, takes it for refused unsent; the
+/// release is then sent again as a first send, finds the key absent everywhere and says
+/// `NotHeld` (on the safe side). Seen once on a loaded CI machine. The waiter's key is never
+/// among the answers then, as it was with the bug.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_re_sent_after_a_lost_reply_still_says_ok() {
     let faulty = Arc::new(FaultyCluster::start(3).unwrap());
@@ -791,8 +798,12 @@ async fn a_release_re_sent_after_a_lost_reply_still_says_ok() {
         let key: &'static str = Box::leak(format!("resent:{round}").into_boxed_str());
         let (released, token, next) =
             release_behind_lost_replies(&faulty, |f, i| f.proxy(i), &rl, &rl, key).await;
+        let preempted = |err: &redlock::Error| {
+            err.kind() == redlock::ErrorKind::NotHeld
+                && err.nodes().iter().all(|n| *n.outcome() == redlock::NodeOutcome::Absent)
+        };
         assert!(
-            released.is_ok(),
+            released.as_ref().map_or_else(preempted, |()| true),
             "round {round}: a valid hold's release said {:?} (the waiter's lock is on nodes {:?})",
             released.unwrap_err(),
             faulty.cluster().nodes_holding(key, &token)

@@ -116,3 +116,36 @@ async fn shutdown_releases_auto_extended_locks_and_takes_no_new_ones() {
         assert_eq!(refused.kind(), ErrorKind::Shutdown, "{refused}");
     }
 }
+
+/// Shutdown stops the release notifications: the waiting call ends with `Shutdown`, and the
+/// client's subscriptions are gone from every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_ends_the_subscriptions_to_release_notifications() {
+    let cluster = common::cluster(3);
+    let holder = common::client(&cluster);
+    let rl = common::builder(&cluster, Duration::from_millis(200))
+        .retry(Retry::new().with_unbounded_attempts().with_max_wait(Duration::from_secs(30)))
+        .build()
+        .unwrap();
+    let held = holder.try_lock("busy").await.unwrap();
+    let waiter = tokio::spawn({
+        let rl = rl.clone();
+        async move { rl.lock("busy").await.map(drop) }
+    });
+    let subscribed = || common::subscribers(&cluster, "busy").iter().all(|&n| n >= 1);
+    assert!(common::eventually(Duration::from_secs(5), subscribed).await);
+    rl.shutdown(Duration::from_secs(2)).await.unwrap();
+    let err = tokio::time::timeout(Duration::from_secs(2), waiter).await.unwrap().unwrap();
+    assert_eq!(err.unwrap_err().kind(), ErrorKind::Shutdown);
+    let unsubscribed = || {
+        let pubsub_clients = cluster.nodes().iter().map(|node| {
+            let mut con = node.connection().unwrap();
+            let list: String =
+                redis::cmd("CLIENT").arg("LIST").arg("TYPE").arg("pubsub").query(&mut con).unwrap();
+            list.lines().count()
+        });
+        pubsub_clients.sum::<usize>() == 0
+    };
+    assert!(common::eventually(Duration::from_secs(2), unsubscribed).await);
+    held.release().await.unwrap();
+}

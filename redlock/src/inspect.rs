@@ -85,6 +85,11 @@ impl Redlock {
     /// if it still runs, fails its next extension (its [`Lease`](crate::Lease) reports the
     /// loss); until then two holders may overlap. Returns how many nodes answered.
     ///
+    /// The delete is sent at most once per node, never again whatever happens to its
+    /// connection: on a connection opened for it, or on one that has just answered a `PING`
+    /// (a closed one is replaced first). So each node is given twice the node timeout, and a
+    /// hung node never runs the delete late, when someone else may hold the lock.
+    ///
     /// # Errors
     /// [`ErrorKind::Config`] for an invalid resource name; [`ErrorKind::Unavailable`] when
     /// fewer than a quorum of nodes answered (the others may still hold the key until it
@@ -102,7 +107,8 @@ impl Redlock {
         );
         let mut answered = 0;
         for node in self.core.nodes.iter() {
-            let sent = tokio::time::timeout(self.core.config.node_timeout, node.send(&command));
+            // Two round trips: the `PING` and the delete.
+            let sent = tokio::time::timeout(self.core.config.node_timeout * 2, node.send(&command));
             if let Ok(reply) = sent.await
                 && reply.value.is_ok()
             {

@@ -11,7 +11,7 @@
 //! connect shared by callers on several runtimes never outlives the runtime polling it.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures::future::{BoxFuture, FutureExt, Shared};
@@ -105,6 +105,9 @@ const LATE_FOR: Duration = Duration::from_secs(1);
 /// Requests one connection may have queued and not yet written (redis-rs defaults to 50).
 const PIPELINE_BUFFER: usize = 4096;
 
+/// Asks whether a cached connection is still open before a command that must not run twice.
+static PING: LazyLock<Cmd> = LazyLock::new(|| redis::cmd("PING"));
+
 type Connecting = Shared<BoxFuture<'static, Result<MultiplexedConnection, Failure>>>;
 
 enum State {
@@ -115,6 +118,7 @@ enum State {
 
 /// A connection and the generation that identifies it, so that a caller who saw it fail
 /// only discards that very connection, never a newer one.
+#[derive(Clone)]
 struct Handle {
     generation: u64,
     connection: MultiplexedConnection,
@@ -262,6 +266,9 @@ impl Node {
     }
 
     async fn send_cmd(&self, cmd: &Cmd, resend: Resend) -> Reply {
+        if resend == Resend::Never {
+            return Box::pin(self.send_once(cmd)).await;
+        }
         let first = match self.ready() {
             Some(handle) => handle,
             None => match Box::pin(self.connection()).await {
@@ -271,16 +278,42 @@ impl Node {
                 }
             },
         };
-        let stale = match self.send_on(first, cmd).await {
-            Sent::Reply(value) => return Reply { value, resent: false, written: true },
+        match self.send_on(first, cmd).await {
+            Sent::Reply(value) => Reply { value, resent: false, written: true },
             // Nothing left the client: a first send on a new connection, no repetition.
-            Sent::Unsent(_) => return Box::pin(self.send_anew(cmd, false)).await,
-            Sent::Stale(failure) => failure,
-        };
-        if resend == Resend::Never {
-            return Reply { value: Err(stale), resent: false, written: true };
+            Sent::Unsent(_) => Box::pin(self.send_anew(cmd, false)).await,
+            Sent::Stale(_) => Box::pin(self.send_anew(cmd, true)).await,
         }
-        Box::pin(self.send_anew(cmd, true)).await
+    }
+
+    /// Sends a command that must never run twice, once, on a connection that has just
+    /// answered: a cached connection is first asked a `PING`, and replaced if that finds
+    /// it closed (a restart, an idle timeout), so that the command itself is never the one
+    /// to find out. Whatever happens to the command, it is not sent again: a refusal on
+    /// its first poll is no proof that nothing was written (the driver runs on another
+    /// thread, and the caller's can be preempted between queueing the command and waiting
+    /// for its reply while the driver writes it and sees the connection drop).
+    async fn send_once(&self, cmd: &Cmd) -> Reply {
+        let mut handle = match self.connection().await {
+            Ok(handle) => handle,
+            Err(failure) => return Reply { value: Err(failure), resent: false, written: false },
+        };
+        if !handle.fresh {
+            let alive = matches!(self.send_on(handle.clone(), &PING).await, Sent::Reply(_));
+            if !alive {
+                handle = match self.connection().await {
+                    Ok(handle) => handle,
+                    Err(failure) => {
+                        return Reply { value: Err(failure), resent: false, written: false };
+                    }
+                };
+            }
+        }
+        let value = match self.send_on(handle, cmd).await {
+            Sent::Reply(value) => value,
+            Sent::Stale(failure) | Sent::Unsent(failure) => Err(failure),
+        };
+        Reply { value, resent: false, written: true }
     }
 
     /// Sends `cmd` on a new connection: a connection opened before this call may have

@@ -152,7 +152,10 @@ async fn without_the_release_channels_releases_succeed_and_waiters_poll() {
         granted_at - released_at
     );
     lock.release().await.unwrap();
-    assert_eq!(cluster.count_key("app:handoff"), 0);
+    // A release returns at its quorum: the last node may answer a moment later.
+    assert!(
+        common::eventually(Duration::from_secs(2), || cluster.count_key("app:handoff") == 0).await
+    );
 
     // One warning per node, however many releases were refused.
     let text = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
@@ -188,7 +191,10 @@ async fn without_info_restart_quarantine_names_the_missing_permission() {
     let text = err.to_string();
     assert!(text.contains("`info`") && text.contains("restart_quarantine"), "{text}");
     assert!(!text.contains("unreachable") && !text.contains("Incompatible"), "{text}");
-    assert_eq!(cluster.count_key("app:plain"), 0);
+    // A release returns at its quorum: the last node may answer a moment later.
+    assert!(
+        common::eventually(Duration::from_secs(2), || cluster.count_key("app:plain") == 0).await
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,28 +12,8 @@ use redlock_testkit::Cluster;
 
 const PASSWORD: &str = "acl-pass";
 
-/// The README's "ACL users" rule set for the key prefix `app:` (keep the two in step).
-const MINIMAL: &[&str] = &[
-    "~app:*",
-    "~redlock:fence:app:*",
-    "&redlock:released:app:*",
-    "+get",
-    "+set",
-    "+del",
-    "+hset",
-    "+hdel",
-    "+hgetall",
-    "+pexpire",
-    "+pexpireat",
-    "+time",
-    "+publish",
-    "+eval",
-    "+evalsha",
-    "+script|load",
-    "+subscribe",
-    "+unsubscribe",
-    "+info",
-];
+/// The README's "ACL users" rule set for the key prefix `app:`.
+const MINIMAL: &[&str] = common::MINIMAL_ACL;
 
 /// `MINIMAL` with `drop` left out and `add` added.
 fn rules(drop: &[&str], add: &[&'static str]) -> Vec<&'static str> {

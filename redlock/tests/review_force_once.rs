@@ -64,27 +64,7 @@ async fn a_forced_release_never_runs_twice_under_lost_replies_and_resets() {
 /// answer (the connection is open), not as a dead connection, on warm connections.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acl_user_without_ping_force_releases_over_warm_connections() {
-    const RULES: &[&str] = &[
-        "~app:*",
-        "~redlock:fence:app:*",
-        "&redlock:released:app:*",
-        "+get",
-        "+set",
-        "+del",
-        "+hset",
-        "+hdel",
-        "+hgetall",
-        "+pexpire",
-        "+pexpireat",
-        "+time",
-        "+publish",
-        "+eval",
-        "+evalsha",
-        "+script|load",
-        "+subscribe",
-        "+unsubscribe",
-        "+info",
-    ];
+    const RULES: &[&str] = common::MINIMAL_ACL;
     let cluster = common::cluster(3);
     for node in cluster.nodes() {
         node.acl_setuser("locker", "pw", RULES).unwrap();

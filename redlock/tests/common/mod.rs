@@ -222,3 +222,26 @@ pub fn set_calls(node: &redlock_testkit::RedisNode) -> u64 {
         .and_then(|rest| rest.split(',').next())
         .map_or(0, |calls| calls.parse().unwrap())
 }
+
+/// The README's "ACL users" rule set for the key prefix `app:` (keep the two in step).
+pub const MINIMAL_ACL: &[&str] = &[
+    "~app:*",
+    "~redlock:fence:app:*",
+    "&redlock:released:app:*",
+    "+get",
+    "+set",
+    "+del",
+    "+hset",
+    "+hdel",
+    "+hgetall",
+    "+pexpire",
+    "+pexpireat",
+    "+time",
+    "+publish",
+    "+eval",
+    "+evalsha",
+    "+script|load",
+    "+subscribe",
+    "+unsubscribe",
+    "+info",
+];

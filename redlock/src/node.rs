@@ -89,6 +89,11 @@ pub(crate) struct Reply {
 }
 
 impl Reply {
+    /// No connection could be had: nothing left the client.
+    fn unconnected(failure: Failure) -> Self {
+        Reply { value: Err(failure), resent: false, written: false }
+    }
+
     /// Whether the node could not be reached for a reason that rarely lasts: a connection
     /// that broke (with the command perhaps sent) or could not be opened. Not a refused
     /// connection (nothing listens there), a timeout (the node may be hung) or a reply.
@@ -273,9 +278,7 @@ impl Node {
             Some(handle) => handle,
             None => match Box::pin(self.connection()).await {
                 Ok(handle) => handle,
-                Err(failure) => {
-                    return Reply { value: Err(failure), resent: false, written: false };
-                }
+                Err(failure) => return Reply::unconnected(failure),
             },
         };
         match self.send_on(first, cmd).await {
@@ -294,21 +297,18 @@ impl Node {
     /// thread, and the caller's can be preempted between queueing the command and waiting
     /// for its reply while the driver writes it and sees the connection drop).
     async fn send_once(&self, cmd: &Cmd) -> Reply {
-        let mut handle = match self.connection().await {
-            Ok(handle) => handle,
-            Err(failure) => return Reply { value: Err(failure), resent: false, written: false },
-        };
-        if !handle.fresh {
-            let alive = matches!(self.send_on(handle.clone(), &PING).await, Sent::Reply(_));
-            if !alive {
-                handle = match self.connection().await {
-                    Ok(handle) => handle,
-                    Err(failure) => {
-                        return Reply { value: Err(failure), resent: false, written: false };
-                    }
-                };
-            }
+        let mut connection = self.connection().await;
+        if let Ok(handle) = &connection
+            && !handle.fresh
+            && !matches!(self.send_on(handle.clone(), &PING).await, Sent::Reply(_))
+        {
+            // Found closed (and discarded): a new one.
+            connection = self.connection().await;
         }
+        let handle = match connection {
+            Ok(handle) => handle,
+            Err(failure) => return Reply::unconnected(failure),
+        };
         let value = match self.send_on(handle, cmd).await {
             Sent::Reply(value) => value,
             Sent::Stale(failure) | Sent::Unsent(failure) => Err(failure),
@@ -326,7 +326,7 @@ impl Node {
                 Sent::Stale(failure) => (Err(failure), true),
                 Sent::Unsent(failure) => (Err(failure), false),
             },
-            Err(failure) => (Err(failure), false),
+            Err(failure) => return Reply { resent, ..Reply::unconnected(failure) },
         };
         Reply { value, resent, written }
     }
@@ -336,6 +336,8 @@ impl Node {
         let mut first = true;
         // A connection whose driver is gone (the node closed it and the driver saw it)
         // refuses the command on its first poll, before queueing it: nothing was written.
+        // A refusal on the first poll is taken for that, though it can also be a command
+        // written and failed while this thread was preempted (see `Sent::Unsent`).
         let (result, at_once) = std::future::poll_fn(|cx| {
             let at_once = std::mem::replace(&mut first, false);
             send.as_mut().poll(cx).map(|result| (result, at_once))
@@ -565,7 +567,10 @@ enum Sent {
     /// The connection, cached from an earlier call, was already dead: the command may
     /// have been written before it dropped.
     Stale(Failure),
-    /// The connection refused the command before queueing it: nothing was written.
+    /// The connection refused the command on its first poll: taken for refused before
+    /// queueing (nothing written), as it is when the driver had seen the connection close.
+    /// Not proof: a caller preempted within that poll can see the driver write the command
+    /// and fail it on a drop (a known limit; see `send_once` and the crate's limits).
     Unsent(Failure),
 }
 

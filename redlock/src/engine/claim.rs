@@ -302,9 +302,7 @@ impl<P: Protocol> Claim<P> {
     /// answer from this without asking the nodes; the hold's end and its release are
     /// counted here, once.
     fn lose(&mut self) {
-        let kind = self.proto.kind();
-        telemetry::held(kind, self.since.elapsed());
-        telemetry::released(kind, ErrorKind::NotHeld.as_str());
+        self.count_end_unawaited(ErrorKind::NotHeld.as_str());
         self.deadline = self.deadline.min(Instant::now());
         self.lost = true;
         // Tells this client's waiters, as any release does: they try again, and a release
@@ -424,6 +422,12 @@ impl<P: Protocol> Claim<P> {
 
     /// Tells this client's waiters for the keys, if any, that this hold is gone (if it was
     /// granted, and exclusive): their timers try again.
+    /// Counts the hold's end and its release, sent in the background, as `outcome`.
+    fn count_end_unawaited(&self, outcome: &'static str) {
+        telemetry::held(self.proto.kind(), self.since.elapsed());
+        telemetry::released(self.proto.kind(), outcome);
+    }
+
     fn note_release(&self) {
         if let Some(key) = self.excluding_key() {
             self.core.releases.released(key);
@@ -568,8 +572,7 @@ impl<P: Protocol> Claim<P> {
 impl<P: Protocol> Drop for Claim<P> {
     fn drop(&mut self) {
         if self.armed {
-            telemetry::held(self.proto.kind(), self.since.elapsed());
-            telemetry::released(self.proto.kind(), "dropped");
+            self.count_end_unawaited("dropped");
             self.release_detached();
         }
     }

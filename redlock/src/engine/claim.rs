@@ -420,14 +420,14 @@ impl<P: Protocol> Claim<P> {
         }
     }
 
-    /// Tells this client's waiters for the keys, if any, that this hold is gone (if it was
-    /// granted, and exclusive): their timers try again.
     /// Counts the hold's end and its release, sent in the background, as `outcome`.
     fn count_end_unawaited(&self, outcome: &'static str) {
         telemetry::held(self.proto.kind(), self.since.elapsed());
         telemetry::released(self.proto.kind(), outcome);
     }
 
+    /// Tells this client's waiters for the keys, if any, that this hold is gone (if it was
+    /// granted, and exclusive): their timers try again.
     fn note_release(&self) {
         if let Some(key) = self.excluding_key() {
             self.core.releases.released(key);

@@ -206,7 +206,7 @@ impl Client {
                     self.hold(lock, attempt_started, hold, &mut store).await
                 }
                 Ok(Held::Multi(lock)) => self.hold(lock, attempt_started, hold, &mut store).await,
-                Ok(Held::Read(lock)) => self.share(lock, hold).await,
+                Ok(Held::Read(lock)) => self.share(lock, attempt_started, hold).await,
                 Ok(Held::Write(lock)) => self.hold(lock, attempt_started, hold, &mut store).await,
                 Err(_) => Err(()),
             };
@@ -232,9 +232,7 @@ impl Client {
         store: &mut MultiplexedConnection,
     ) -> Result<(), ()> {
         let granted_at = Instant::now();
-        if self.window.covers(attempt_started, granted_at) {
-            self.tally.granted_while_faulted.fetch_add(1, Ordering::Relaxed);
-        }
+        self.count_if_faulted(attempt_started, granted_at);
         let mut grant = Grant::new(self.id, lock.token(), granted_at, granted_at + lock.validity());
         if let Some(fence) = lock.fencing_token() {
             grant = grant.with_fence(fence);
@@ -248,9 +246,22 @@ impl Client {
         Ok(())
     }
 
+    /// Counts a grant whose whole attempt ran while the fault was in force.
+    fn count_if_faulted(&self, attempt_started: Instant, granted_at: Instant) {
+        if self.window.covers(attempt_started, granted_at) {
+            self.tally.granted_while_faulted.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// A read share: recorded as shared, held, released; it writes nothing.
-    async fn share(&self, lock: ReadLock, hold: Duration) -> Result<(), ()> {
+    async fn share(
+        &self,
+        lock: ReadLock,
+        attempt_started: Instant,
+        hold: Duration,
+    ) -> Result<(), ()> {
         let granted_at = Instant::now();
+        self.count_if_faulted(attempt_started, granted_at);
         let grant = Grant::shared(self.id, lock.token(), granted_at, granted_at + lock.validity());
         let id = self.history.record(grant);
         tokio::time::sleep(hold * 2).await;

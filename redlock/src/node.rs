@@ -94,6 +94,18 @@ impl Reply {
         Reply { value: Err(failure), resent: false, written: false }
     }
 
+    /// What the reply says of whether the node hangs: `Some(false)` when the node itself
+    /// answered (a value or an error reply), `Some(true)` when a connection to it could not
+    /// be opened in time, `None` when no connection could be had or it broke (a dead node:
+    /// whether requests that do reach it stall is not known).
+    pub(crate) fn hangs(&self) -> Option<bool> {
+        match &self.value {
+            Ok(_) | Err(Failure::Server { .. }) => Some(false),
+            Err(Failure::ConnectTimedOut) => Some(true),
+            Err(Failure::Unreachable(_) | Failure::Refused(_)) => None,
+        }
+    }
+
     /// Whether the node could not be reached for a reason that rarely lasts: a connection
     /// that broke (with the command perhaps sent) or could not be opened. Not a refused
     /// connection (nothing listens there), a timeout (the node may be hung) or a reply.
@@ -148,7 +160,12 @@ pub(crate) struct Node {
     /// counted on it (see `round::run`). A slow or hung node is not waited for again until
     /// it answers in time or [`LATE_FOR`] has passed.
     late_until: AtomicU64,
-    /// What `late_until` counts from.
+    /// Until when the node counts as hung, in nanoseconds from `epoch` (0: not hung): a
+    /// request to it timed out less than [`LATE_FOR`] ago, in a round or in the background,
+    /// and it has not answered one since. An acquisition refused for contention does not
+    /// wait for it.
+    hung_until: AtomicU64,
+    /// What `late_until` and `hung_until` count from.
     epoch: Instant,
     /// The server processes the client's nodes reached, shared by all of them.
     servers: Arc<server::Servers>,
@@ -180,6 +197,7 @@ impl Node {
             quarantined_until: Arc::default(),
             notify_refused: AtomicBool::new(false),
             late_until: AtomicU64::new(0),
+            hung_until: AtomicU64::new(0),
             epoch: Instant::now(),
             servers,
         }
@@ -233,6 +251,23 @@ impl Node {
             self.late_until.store(self.nanos(now + LATE_FOR).max(1), Ordering::Relaxed);
         } else if self.late_until.load(Ordering::Relaxed) != 0 {
             self.late_until.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a request to the node timed out less than [`LATE_FOR`] before `now`, and the
+    /// node has not answered one since.
+    pub(crate) fn is_hung(&self, now: Instant) -> bool {
+        let until = self.hung_until.load(Ordering::Relaxed);
+        until != 0 && self.nanos(now) < until
+    }
+
+    /// Records how a request to the node ended: it timed out (`true`), or the node answered
+    /// it, whatever the answer (cleared only on a change: every request reads it).
+    pub(crate) fn set_hung(&self, timed_out: bool) {
+        if timed_out {
+            self.hung_until.store(self.nanos(Instant::now() + LATE_FOR).max(1), Ordering::Relaxed);
+        } else if self.hung_until.load(Ordering::Relaxed) != 0 {
+            self.hung_until.store(0, Ordering::Relaxed);
         }
     }
 
@@ -593,5 +628,25 @@ mod tests {
         node.set_late(true, at);
         node.set_late(false, at + Duration::from_millis(5));
         assert!(!node.is_late(at + Duration::from_millis(5)), "answered in time");
+    }
+
+    #[test]
+    fn a_hung_node_stays_hung_until_it_answers_not_while_it_is_unreachable() {
+        let node = node();
+        assert!(!node.is_hung(Instant::now()));
+        node.set_hung(true);
+        assert!(node.is_hung(Instant::now()));
+        assert!(!node.is_hung(Instant::now() + LATE_FOR), "waited for again after a while");
+        let reply = |value| Reply { value, resent: false, written: true };
+        // A dead node's quick refusals say nothing of whether requests that reach it stall
+        // (an acquisition queued behind its clean-ups' retries times out).
+        assert_eq!(reply(Err(Failure::Unreachable("reset".into()))).hangs(), None);
+        assert_eq!(reply(Err(Failure::Refused("refused".into()))).hangs(), None);
+        assert_eq!(reply(Err(Failure::ConnectTimedOut)).hangs(), Some(true));
+        let busy = Failure::Server { code: "BUSY".into(), message: "BUSY script".into() };
+        assert_eq!(reply(Err(busy)).hangs(), Some(false), "an error reply is an answer");
+        assert_eq!(reply(Ok(Value::Okay)).hangs(), Some(false));
+        node.set_hung(false);
+        assert!(!node.is_hung(Instant::now()));
     }
 }

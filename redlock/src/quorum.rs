@@ -151,6 +151,22 @@ pub(crate) fn settle_acquire(t: &Tally) -> Option<Settled> {
     }
 }
 
+/// [`settle_acquire`], except that `hung` of the pending nodes (nodes whose last request
+/// timed out a moment ago) are not waited for to refuse the lock for contention: once the
+/// nodes that answered show it (a quorum of them is alive) and only hung nodes could still
+/// make up a quorum of yes votes, it is refused. A split vote among the live nodes then
+/// costs a retry, not a node timeout per attempt; with no contention shown, hung nodes are
+/// waited for as always (they may be the quorum's last hope).
+pub(crate) fn settle_acquire_sparing(t: &Tally, hung: usize) -> Option<Settled> {
+    let settled = settle_acquire(t);
+    if settled.is_some() || hung == 0 {
+        return settled;
+    }
+    let hung = hung.min(t.pending);
+    let spared = Tally { pending: t.pending - hung, faulty: t.faulty + hung, ..*t };
+    settle_acquire(&spared).filter(|s| *s == Settled::Failed(ErrorKind::NotAcquired))
+}
+
 /// Whether a round about a lock we hold (release, extend, check) is settled: reached when a
 /// quorum said yes; [`ErrorKind::NotHeld`] once the lock is certainly gone from more nodes
 /// than may fail; [`ErrorKind::Unavailable`] once too few nodes can still say either.
@@ -238,6 +254,31 @@ mod tests {
         assert_eq!(settle_acquire(&granted), Some(Settled::Reached));
     }
 
+    #[test]
+    fn a_split_vote_does_not_wait_for_a_hung_node() {
+        use NodeOutcome::{Held, Ok, Pending};
+        let split = tally(&[Ok, Ok, Held, Held, Pending]);
+        assert_eq!(settle_acquire(&split), None, "the fifth node could still make a quorum");
+        let refused = Some(Settled::Failed(ErrorKind::NotAcquired));
+        assert_eq!(settle_acquire_sparing(&split, 1), refused, "but it is hung");
+        assert_eq!(settle_acquire_sparing(&split, 0), None);
+        // Two hung nodes, one live node holding the key for another: contention shown.
+        let two_hung = tally(&[Ok, Ok, Held, Pending, Pending]);
+        assert_eq!(settle_acquire_sparing(&two_hung, 2), refused);
+        assert_eq!(settle_acquire_sparing(&two_hung, 1), None, "a live node may still say yes");
+    }
+
+    #[test]
+    fn a_hung_node_is_waited_for_when_no_contention_is_shown() {
+        use NodeOutcome::{Ok, Pending};
+        let dead = || NodeOutcome::Unreachable("refused".into());
+        // Two dead, two yes: the hung node is the last hope of a quorum.
+        let last_hope = tally(&[Ok, Ok, dead(), dead(), Pending]);
+        assert_eq!(settle_acquire_sparing(&last_hope, 1), None);
+        let granted = tally(&[Ok, Ok, Ok, Pending, Pending]);
+        assert_eq!(settle_acquire_sparing(&granted, 2), Some(Settled::Reached));
+    }
+
     fn outcome(code: u8) -> NodeOutcome {
         match code % 7 {
             0 => NodeOutcome::Ok,
@@ -292,6 +333,30 @@ mod tests {
                     }
                 }
                 prop_assert!(settle(&t).is_some(), "{:?}", t);
+            }
+        }
+
+        /// Not waiting for hung nodes only ever refuses, and only for contention shown by
+        /// a quorum of nodes that answered, when the nodes not hung cannot make a quorum;
+        /// otherwise it decides as `settle_acquire`.
+        #[test]
+        fn sparing_hung_nodes_only_refuses_for_shown_contention(
+            codes in proptest::collection::vec(any::<u8>(), 0..9),
+            pending in 0usize..5,
+            hung in 0usize..6,
+        ) {
+            let mut outcomes: Vec<NodeOutcome> = codes.iter().map(|c| outcome(*c)).collect();
+            outcomes.extend((0..pending).map(|_| NodeOutcome::Pending));
+            prop_assume!(!outcomes.is_empty());
+            let t = tally(&outcomes);
+            let (plain, spared) = (settle_acquire(&t), settle_acquire_sparing(&t, hung));
+            if plain.is_some() || hung == 0 {
+                prop_assert_eq!(spared, plain);
+            } else if let Some(s) = spared {
+                let q = quorum(t.nodes);
+                prop_assert_eq!(s, Settled::Failed(ErrorKind::NotAcquired));
+                prop_assert!(t.ok + t.held + t.wrong_type + t.absent >= q);
+                prop_assert!(t.ok + t.pending.saturating_sub(hung) < q);
             }
         }
 

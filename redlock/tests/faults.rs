@@ -102,6 +102,61 @@ async fn a_hung_majority_fails_within_the_node_timeout_and_leaves_no_key() {
     );
 }
 
+/// Contention split by a hung node: of five, two say yes, two hold the key for another
+/// owner, and the fifth, hung, could still make up the quorum. The first such attempt waits
+/// for it (a node timeout); once one of its requests timed out, the next is refused as soon
+/// as the live nodes have answered. Nothing of the refused attempts stays: not on the live
+/// nodes, not on the hung one once it wakes (its clean-ups run after the queued `SET`s),
+/// and the other owner's keys are untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_vote_waits_for_a_hung_node_once_not_every_time() {
+    let mut cluster = common::cluster(5);
+    let rl = common::builder(&cluster, NODE_TIMEOUT).build().unwrap();
+    common::connect_all(&rl).await;
+    cluster.node_mut(4).pause().unwrap();
+    let split = |key: &str| {
+        for i in [2, 3] {
+            cluster.node(i).set(key, "another-owner").unwrap();
+        }
+    };
+    split("a");
+    let first = rl.try_lock("a").await.unwrap_err();
+    assert_eq!(first.kind(), ErrorKind::NotAcquired, "{first}");
+    assert!(first.elapsed().unwrap() >= NODE_TIMEOUT, "the first split waits: {first}");
+    for key in ["b", "c", "d"] {
+        split(key);
+        let err = rl.try_lock(key).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::NotAcquired, "{err}");
+        assert!(
+            err.elapsed().unwrap() < NODE_TIMEOUT / 2,
+            "{key}: waited for the hung node again: {err}"
+        );
+        // Decided once the live nodes show it, one of them perhaps not yet answered.
+        assert_eq!(err.held_by_others(), 2, "{err}");
+    }
+    let ours_left = |cluster: &redlock_testkit::Cluster, nodes: &[usize]| {
+        ["a", "b", "c", "d"]
+            .iter()
+            .flat_map(|key| nodes.iter().map(move |&i| (i, *key)))
+            .filter(|&(i, key)| cluster.node(i).get(key).unwrap().is_some())
+            .count()
+    };
+    assert!(
+        common::eventually(Duration::from_secs(1), || ours_left(&cluster, &[0, 1]) == 0).await,
+        "refused attempts left keys on the live nodes"
+    );
+    cluster.node_mut(4).resume().unwrap();
+    assert!(
+        common::eventually(Duration::from_secs(3), || ours_left(&cluster, &[4]) == 0).await,
+        "a SET queued on the hung node outlived its refused attempt"
+    );
+    for key in ["a", "b", "c", "d"] {
+        for i in [2, 3] {
+            assert_eq!(cluster.node(i).get(key).unwrap().as_deref(), Some("another-owner"));
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_concurrent_callers_are_not_queued_behind_a_hung_node() {
     let mut cluster = common::cluster(5);

@@ -82,6 +82,9 @@ impl NodeCall {
                 }
                 reply => reply.ok(),
             };
+            if let Some(hangs) = reply.as_ref().map_or(Some(true), Reply::hangs) {
+                node.set_hung(hangs);
+            }
             let Some(reply) = reply else {
                 telemetry::node_request(node.name(), op.as_str(), "timed_out", started);
                 return (i, NodeOutcome::TimedOut);

@@ -142,8 +142,7 @@ impl<P: Protocol> Claim<P> {
         );
         // Unanswered requests go on in the background: a lock held on more nodes than the
         // bare quorum survives more failures. Releases on their nodes wait for them.
-        let (round, rest) =
-            round::run(requests, started_at, quorum::settle_acquire, &core.nodes).await;
+        let (round, rest) = round::run_acquire(requests, started_at, &core.nodes).await;
         round::finish(&core.tasks, rest);
         let err = match round.settled {
             Settled::Reached if round.decided_at < claim.deadline => {

@@ -198,6 +198,28 @@ where
     (round, rest)
 }
 
+/// [`run`] for an acquisition ([`quorum::settle_acquire_sparing`]): refused for contention
+/// without waiting for the nodes that were hung when it started.
+pub(crate) async fn run_acquire<F>(
+    requests: Rest<F>,
+    started_at: Instant,
+    nodes: &[Arc<Node>],
+) -> (Round, Rest<F>)
+where
+    F: Future<Output = (usize, NodeOutcome)>,
+{
+    let outcomes = smallvec![NodeOutcome::Pending; requests.left];
+    let now = Instant::now();
+    let hung: SmallVec<[usize; 7]> = (0..nodes.len()).filter(|&i| nodes[i].is_hung(now)).collect();
+    let (mut round, mut rest) = run_until(requests, outcomes, started_at, |tally, outcomes| {
+        let pending = |&i: &usize| outcomes.get(i) == Some(&NodeOutcome::Pending);
+        quorum::settle_acquire_sparing(tally, hung.iter().filter(|i| pending(i)).count())
+    })
+    .await;
+    linger(&mut round, &mut rest, nodes).await;
+    (round, rest)
+}
+
 /// The longest wait for a round's stragglers once it is decided.
 const LINGER_MAX: Duration = Duration::from_millis(2);
 

@@ -7,7 +7,8 @@ use redlock_testkit::Fault;
 /// What a scenario must show.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Expect {
-    /// Locks are granted throughout, and exclusion holds.
+    /// Locks are granted throughout (also while the fault lasts, unless restarted nodes
+    /// are quarantined on purpose), and exclusion holds.
     Available,
     /// No lock is granted while the fault lasts, and exclusion holds.
     Unavailable,

@@ -130,6 +130,15 @@
 //!   answered a `PING` (a `NOPERM` answer counts: an ACL user without `+ping` logs one
 //!   `ACL LOG` entry per call) or on a new one, and a refusal, however early, is reported,
 //!   not retried.
+//! - A node whose request timed out counts as hung until it answers one again (a second at
+//!   most), and an attempt split by contention does not wait for it. A node that is slow
+//!   but in time, marked by one late request, can so cost an attempt that waiting would
+//!   have won; and where its round trip exceeds half the node timeout, that refusal's
+//!   clean-up there delays the next attempts' requests on the key past the node timeout
+//!   (an acquisition goes after this client's own clean-ups on the key), so a `lock()`
+//!   with few attempts may give up on a key that needed that node's yes
+//!   (`review_hung::a_slow_in_time_node_marked_once_fails_lock_with_the_default_policy`,
+//!   ignored). Node timeouts well above the round trip avoid it.
 //! - One server reached under two names (`localhost` and `127.0.0.1`) is detected by its
 //!   `run_id` and the second name is refused its vote.
 

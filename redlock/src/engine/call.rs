@@ -65,14 +65,19 @@ impl NodeCall {
         let mut turn = SettleOnDrop::new(slot, previous);
         async move {
             let started = telemetry::request_started();
+            // Whether the request reached its turn: an acquisition timed out while still
+            // queued behind this client's own requests says nothing of the node.
+            let mut its_turn = false;
             let reply = if op == Op::Acquire {
                 let exchange = async {
                     turn.wait_turn(&after).await;
+                    its_turn = true;
                     node.send(&command).await
                 };
                 tokio::time::timeout(timeout, exchange).await
             } else {
                 turn.wait_turn(&after).await;
+                its_turn = true;
                 tokio::time::timeout(timeout, node.send(&command)).await
             };
             let reply = match reply {
@@ -82,7 +87,7 @@ impl NodeCall {
                 }
                 reply => reply.ok(),
             };
-            if let Some(hangs) = reply.as_ref().map_or(Some(true), Reply::hangs) {
+            if let Some(hangs) = reply.as_ref().map_or(its_turn.then_some(true), Reply::hangs) {
                 node.set_hung(hangs);
             }
             let Some(reply) = reply else {

@@ -43,9 +43,6 @@ impl Report {
         match self.scenario.expect {
             Expect::Available if broken => Err(format!("exclusion broke: {}", self.summary())),
             Expect::Available if self.grants == 0 => Err("no lock was granted".to_owned()),
-            Expect::Available if self.faulted_without_grants() => {
-                Err("no attempt made while the fault lasted was granted".to_owned())
-            }
             Expect::Unavailable if broken => Err(format!("exclusion broke: {}", self.summary())),
             Expect::Unavailable if self.granted_while_faulted > 0 => {
                 Err(format!("{} grants while the fault lasted", self.granted_while_faulted))
@@ -70,14 +67,6 @@ impl Report {
             }
             _ => Ok(()),
         }
-    }
-
-    /// Whether a fault that leaves a quorum up (not quarantining restarted nodes on
-    /// purpose) passed without a grant whose whole attempt ran while it lasted: a stall.
-    fn faulted_without_grants(&self) -> bool {
-        self.scenario.fault.is_some()
-            && self.scenario.quarantine.is_zero()
-            && self.granted_while_faulted == 0
     }
 
     fn summary(&self) -> String {

@@ -7,8 +7,7 @@ use redlock_testkit::Fault;
 /// What a scenario must show.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Expect {
-    /// Locks are granted throughout (also while the fault lasts, unless restarted nodes
-    /// are quarantined on purpose), and exclusion holds.
+    /// Locks are granted over the run, and exclusion holds.
     Available,
     /// No lock is granted while the fault lasts, and exclusion holds.
     Unavailable,

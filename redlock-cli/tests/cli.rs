@@ -74,6 +74,24 @@ fn looping(traps: &str, started: &Path) -> String {
     format!("{traps}; touch {}; while true; do sleep 0.05; done", started.display())
 }
 
+/// Starts `redlock run <args>` over a [`looping`] command with `traps` set (with
+/// `REDLOCK_TTL` set to `ttl`, if any), once the command runs.
+fn run_looping(
+    cluster: &Cluster,
+    ttl: Option<&str>,
+    args: &[&str],
+    traps: &str,
+    started: &Path,
+) -> Child {
+    let mut command = redlock(cluster);
+    if let Some(ttl) = ttl {
+        command.env("REDLOCK_TTL", ttl);
+    }
+    let child = command.arg("run").args(args).args(sh(&looping(traps, started))).spawn().unwrap();
+    assert!(wait_for(started, Duration::from_secs(5)), "the command never started");
+    child
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -125,9 +143,8 @@ fn sigterm_is_forwarded_and_every_key_is_gone_before_redlock_exits() {
     let cluster = cluster(3);
     let dir = scratch();
     let (started, got) = (dir.join("started"), dir.join("got-term"));
-    let script = looping(&format!("trap 'touch {}; exit 143' TERM", got.display()), &started);
-    let child = redlock(&cluster).args(["run", "job"]).args(sh(&script)).spawn().unwrap();
-    assert!(wait_for(&started, Duration::from_secs(5)));
+    let traps = format!("trap 'touch {}; exit 143' TERM", got.display());
+    let child = run_looping(&cluster, None, &["job"], &traps, &started);
     assert_eq!(cluster.count_key("job"), 3);
     signal(&child, nix::sys::signal::Signal::SIGTERM);
     let output = finish(child, Duration::from_secs(10));
@@ -142,14 +159,9 @@ fn a_forced_release_loses_the_lock_the_group_gets_term_then_kill_and_redlock_exi
     let dir = scratch();
     let (started, got) = (dir.join("started"), dir.join("got-term"));
     // Ignores TERM (records it), so only the KILL after the grace period ends it.
-    let script = looping(&format!("trap 'touch {}' TERM", got.display()), &started);
-    let child = redlock(&cluster)
-        .env("REDLOCK_TTL", "600ms")
-        .args(["run", "--kill-after", "500ms", "job"])
-        .args(sh(&script))
-        .spawn()
-        .unwrap();
-    assert!(wait_for(&started, Duration::from_secs(5)));
+    let traps = format!("trap 'touch {}' TERM", got.display());
+    let child =
+        run_looping(&cluster, Some("600ms"), &["--kill-after", "500ms", "job"], &traps, &started);
     let forced = redlock(&cluster).args(["release", "--force", "--yes", "job"]).output().unwrap();
     assert_eq!(forced.status.code(), Some(0), "{}", text(&forced.stderr));
     let output = finish(child, Duration::from_secs(10));
@@ -427,16 +439,10 @@ fn max_hold_ends_the_run_with_the_lost_signal_asked_for_and_124() {
     let cluster = cluster(3);
     let dir = scratch();
     let (started, got) = (dir.join("started"), dir.join("got-usr1"));
-    let script =
-        looping(&format!("trap 'touch {}; exit 0' USR1; trap '' TERM", got.display()), &started);
+    let traps = format!("trap 'touch {}; exit 0' USR1; trap '' TERM", got.display());
     let began = Instant::now();
-    let child = redlock(&cluster)
-        .env("REDLOCK_TTL", "500ms")
-        .args(["run", "--max-hold", "1s", "--lost-signal", "USR1", "--kill-after", "2s", "job"])
-        .args(sh(&script))
-        .spawn()
-        .unwrap();
-    assert!(wait_for(&started, Duration::from_secs(5)));
+    let args = ["--max-hold", "1s", "--lost-signal", "USR1", "--kill-after", "2s", "job"];
+    let child = run_looping(&cluster, Some("500ms"), &args, &traps, &started);
     let output = finish(child, Duration::from_secs(10));
     assert_eq!(output.status.code(), Some(124), "{}", text(&output.stderr));
     assert!(got.exists(), "the command's group got USR1");
@@ -450,14 +456,8 @@ fn the_default_grace_before_kill_is_five_seconds() {
     let cluster = cluster(3);
     let dir = scratch();
     let (started, got) = (dir.join("started"), dir.join("got-term"));
-    let script = looping(&format!("trap 'touch {}' TERM", got.display()), &started);
-    let child = redlock(&cluster)
-        .env("REDLOCK_TTL", "600ms")
-        .args(["run", "job"])
-        .args(sh(&script))
-        .spawn()
-        .unwrap();
-    assert!(wait_for(&started, Duration::from_secs(5)));
+    let traps = format!("trap 'touch {}' TERM", got.display());
+    let child = run_looping(&cluster, Some("600ms"), &["job"], &traps, &started);
     let forced = redlock(&cluster).args(["release", "--force", "--yes", "job"]).output().unwrap();
     assert_eq!(forced.status.code(), Some(0), "{}", text(&forced.stderr));
     assert!(wait_for(&got, Duration::from_secs(5)), "the group never got TERM");

@@ -240,34 +240,39 @@ impl Node {
     /// Whether the node timed out, or missed a wait for stragglers that counted on it, less
     /// than [`LATE_FOR`] before `now`, and has not answered in time since.
     pub(crate) fn is_late(&self, now: Instant) -> bool {
-        let until = self.late_until.load(Ordering::Relaxed);
-        until != 0 && self.nanos(now) < until
+        self.holds(&self.late_until, now)
     }
 
-    /// Records at `now` whether the node answered a round in time (cleared only on a
-    /// change: every round of every task reads it).
+    /// Records at `now` whether the node answered a round in time.
     pub(crate) fn set_late(&self, late: bool, now: Instant) {
-        if late {
-            self.late_until.store(self.nanos(now + LATE_FOR).max(1), Ordering::Relaxed);
-        } else if self.late_until.load(Ordering::Relaxed) != 0 {
-            self.late_until.store(0, Ordering::Relaxed);
-        }
+        self.mark(&self.late_until, late, now);
     }
 
     /// Whether a request to the node timed out less than [`LATE_FOR`] before `now`, and the
     /// node has not answered one since.
     pub(crate) fn is_hung(&self, now: Instant) -> bool {
-        let until = self.hung_until.load(Ordering::Relaxed);
-        until != 0 && self.nanos(now) < until
+        self.holds(&self.hung_until, now)
     }
 
     /// Records how a request to the node ended: it timed out (`true`), or the node answered
-    /// it, whatever the answer (cleared only on a change: every request reads it).
+    /// it, whatever the answer.
     pub(crate) fn set_hung(&self, timed_out: bool) {
-        if timed_out {
-            self.hung_until.store(self.nanos(Instant::now() + LATE_FOR).max(1), Ordering::Relaxed);
-        } else if self.hung_until.load(Ordering::Relaxed) != 0 {
-            self.hung_until.store(0, Ordering::Relaxed);
+        self.mark(&self.hung_until, timed_out, Instant::now());
+    }
+
+    /// Whether the mark `until` (nanoseconds from `epoch`, 0 when unset) holds at `now`.
+    fn holds(&self, until: &AtomicU64, now: Instant) -> bool {
+        let until = until.load(Ordering::Relaxed);
+        until != 0 && self.nanos(now) < until
+    }
+
+    /// Sets the mark `until` at `now` for [`LATE_FOR`], or clears it (cleared only on a
+    /// change: every round or request of every task reads it).
+    fn mark(&self, until: &AtomicU64, set: bool, now: Instant) {
+        if set {
+            until.store(self.nanos(now + LATE_FOR).max(1), Ordering::Relaxed);
+        } else if until.load(Ordering::Relaxed) != 0 {
+            until.store(0, Ordering::Relaxed);
         }
     }
 

@@ -8,16 +8,6 @@ use std::time::Duration;
 use redlock::{ErrorKind, Redlock, Retry};
 use redlock_testkit::{Cluster, FaultyCluster, NetFault};
 
-fn client(urls: Vec<String>, node_timeout: Duration, retry: Retry) -> Redlock {
-    Redlock::builder()
-        .nodes(urls)
-        .ttl(Duration::from_secs(10))
-        .node_timeout(node_timeout)
-        .retry(retry)
-        .build()
-        .unwrap()
-}
-
 fn field_prefixes(cluster: &Cluster, key: &str) -> Vec<String> {
     let mut out = Vec::new();
     for i in 0..cluster.len() {
@@ -47,8 +37,9 @@ async fn cancellation_at_any_await_point_leaves_nothing() {
         .with_delay(Duration::from_millis(20))
         .with_jitter(Duration::from_millis(10))
         .with_max_wait(Duration::from_secs(5));
-    let rl = client(cluster.urls(), Duration::from_millis(300), retry);
-    let direct = client(cluster.cluster().urls(), Duration::from_millis(300), Retry::never());
+    let rl = common::retrying(cluster.urls(), Duration::from_millis(300), retry);
+    let direct =
+        common::retrying(cluster.cluster().urls(), Duration::from_millis(300), Retry::never());
     let reader = direct.read("doc").once().await.unwrap();
     let held = direct.try_lock("busy").await.unwrap();
 
@@ -86,7 +77,7 @@ async fn cancellation_at_any_await_point_leaves_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abandoned_attempt_on_a_paused_node_does_not_refuse_the_next_one() {
     let mut cluster = common::cluster(3);
-    let rl = client(cluster.urls(), Duration::from_millis(300), Retry::never());
+    let rl = common::retrying(cluster.urls(), Duration::from_millis(300), Retry::never());
     rl.try_lock("warm").await.unwrap().release().await.unwrap();
     for i in [0, 1] {
         cluster.node(i).set("k", "foreign").unwrap();
@@ -111,7 +102,7 @@ async fn an_abandoned_attempt_on_a_paused_node_does_not_refuse_the_next_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_right_after_an_extension_in_flight_leaves_no_key() {
     let cluster = FaultyCluster::start(3).unwrap();
-    let rl = client(cluster.urls(), Duration::from_millis(1000), Retry::never());
+    let rl = common::retrying(cluster.urls(), Duration::from_millis(1000), Retry::never());
     let mut lock = rl.try_lock("k").await.unwrap();
     // The grant returns at the quorum: node 2's SET (its connection perhaps still opening)
     // must have landed first, or it lands after the DEL below, behind the latency, and the
@@ -240,7 +231,7 @@ async fn fuzzed_readers_and_fenced_writers_keep_exclusion_and_token_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_ends_every_lease_and_releases_before_returning() {
     let cluster = common::cluster(3);
-    let rl = client(cluster.urls(), Duration::from_millis(200), Retry::never());
+    let rl = common::retrying(cluster.urls(), Duration::from_millis(200), Retry::never());
     let auto = rl.try_lock("a").ttl(Duration::from_millis(600)).await.unwrap().auto_extend();
     let lease = auto.lease();
     let work = tokio::spawn({

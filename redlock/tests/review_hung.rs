@@ -10,16 +10,6 @@ use redlock_testkit::{Cluster, FaultyCluster};
 
 const NODE_TIMEOUT: Duration = Duration::from_millis(300);
 
-fn client(urls: Vec<String>, node_timeout: Duration, retry: Retry) -> Redlock {
-    Redlock::builder()
-        .nodes(urls)
-        .ttl(Duration::from_secs(10))
-        .node_timeout(node_timeout)
-        .retry(retry)
-        .build()
-        .unwrap()
-}
-
 /// The README/`Retry` doc's "patient" policy: every 20-70 ms, for up to `within`.
 fn patient(within: Duration) -> Retry {
     Retry::new()
@@ -65,7 +55,7 @@ async fn mark_node_4_hung(faulty: &FaultyCluster, rl: &Redlock) -> redlock::Lock
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_in_time_node_marked_once_keeps_refusing_a_grantable_lock() {
     let faulty = FaultyCluster::start(5).unwrap();
-    let rl = client(faulty.urls(), NODE_TIMEOUT, patient(Duration::from_secs(3)));
+    let rl = common::retrying(faulty.urls(), NODE_TIMEOUT, patient(Duration::from_secs(3)));
     common::connect_all(&rl).await;
     faulty.proxy(4).set_fault(common::latency(80));
     // Control: with no mark, the split vote is decided by node 4, in time.
@@ -100,9 +90,9 @@ async fn a_slow_in_time_node_marked_once_keeps_refusing_a_grantable_lock() {
 #[ignore = "a known limit (lib.rs, limits: a slow node marked hung): a refused attempt's clean-up on a node whose round trip exceeds half the node timeout makes the next attempts time out there"]
 async fn a_slow_in_time_node_marked_once_fails_lock_with_the_default_policy() {
     let faulty = FaultyCluster::start(5).unwrap();
-    let rl = client(faulty.urls(), NODE_TIMEOUT, Retry::new());
+    let rl = common::retrying(faulty.urls(), NODE_TIMEOUT, Retry::new());
     common::connect_all(&rl).await;
-    let fresh = client(faulty.urls(), NODE_TIMEOUT, Retry::never());
+    let fresh = common::retrying(faulty.urls(), NODE_TIMEOUT, Retry::never());
     common::connect_all(&fresh).await;
     faulty.proxy(4).set_fault(common::latency(80));
     split(faulty.cluster(), "control");
@@ -185,8 +175,8 @@ enum Wake {
 /// and B (node 4 resumed) still releases its lock on a quorum.
 async fn refused_attempts_leave_nothing(kind: Kind, wake: Wake) {
     let mut cluster = common::cluster(5);
-    let other = client(cluster.urls(), NODE_TIMEOUT, Retry::never());
-    let rl = client(cluster.urls(), NODE_TIMEOUT, patient(Duration::from_millis(1000)));
+    let other = common::retrying(cluster.urls(), NODE_TIMEOUT, Retry::never());
+    let rl = common::retrying(cluster.urls(), NODE_TIMEOUT, patient(Duration::from_millis(1000)));
     common::connect_all(&rl).await;
     // B takes the lock (as a writer for Read: a read share would not contend).
     let b_kind = if let Kind::Read = kind { Kind::Write } else { kind };
@@ -275,8 +265,8 @@ async fn refused_reentrant_attempts_leave_nothing_on_a_restarted_node() {
 async fn refused_attempts_leave_nothing_behind_a_proxy(heal_by_reset: bool) {
     let faulty = FaultyCluster::start(5).unwrap();
     let cluster = faulty.cluster();
-    let other = client(faulty.urls(), NODE_TIMEOUT, Retry::never());
-    let rl = client(faulty.urls(), NODE_TIMEOUT, patient(Duration::from_millis(1000)));
+    let other = common::retrying(faulty.urls(), NODE_TIMEOUT, Retry::never());
+    let rl = common::retrying(faulty.urls(), NODE_TIMEOUT, patient(Duration::from_millis(1000)));
     common::connect_all(&rl).await;
     let b = other.try_lock("r").await.unwrap();
     for i in [0, 1] {
@@ -315,9 +305,9 @@ async fn refused_attempts_leave_nothing_on_a_blackholed_node_once_reset() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn woken_waiters_that_split_their_votes_both_get_the_lock() {
     let mut cluster = common::cluster(5);
-    let holder = client(cluster.urls(), NODE_TIMEOUT, Retry::never());
-    let a = client(cluster.urls(), NODE_TIMEOUT, patient(Duration::from_secs(4)));
-    let b = client(cluster.urls(), NODE_TIMEOUT, patient(Duration::from_secs(4)));
+    let holder = common::retrying(cluster.urls(), NODE_TIMEOUT, Retry::never());
+    let a = common::retrying(cluster.urls(), NODE_TIMEOUT, patient(Duration::from_secs(4)));
+    let b = common::retrying(cluster.urls(), NODE_TIMEOUT, patient(Duration::from_secs(4)));
     for rl in [&holder, &a, &b] {
         common::connect_all(rl).await;
     }

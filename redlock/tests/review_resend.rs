@@ -14,18 +14,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use redlock::{ErrorKind, Redlock, Retry};
+use redlock::{ErrorKind, Retry};
 use redlock_testkit::{Cluster, FaultyCluster, NetFault, NodeConfig};
-
-fn client(urls: Vec<String>, node_timeout: Duration, retry: Retry) -> Redlock {
-    Redlock::builder()
-        .nodes(urls)
-        .ttl(Duration::from_secs(10))
-        .node_timeout(node_timeout)
-        .retry(retry)
-        .build()
-        .unwrap()
-}
 
 fn fields(cluster: &Cluster, node: usize, key: &str, prefix: &str) -> Vec<String> {
     let Ok(map) = cluster.node(node).hgetall(key) else { return Vec::new() };
@@ -56,13 +46,13 @@ async fn wait_for(within: Duration, what: &str, mut check: impl FnMut() -> bool)
 async fn a_resent_read_acquisition_that_lands_twice_leaves_no_share_behind() {
     let cluster = FaultyCluster::start_for_clients(3, 3, NodeConfig::new()).unwrap();
     let nodes = cluster.cluster();
-    let r = client(cluster.urls_for(0), Duration::from_secs(3), Retry::never());
-    let w = client(cluster.urls_for(1), Duration::from_millis(100), Retry::never());
+    let r = common::retrying(cluster.urls_for(0), Duration::from_secs(3), Retry::never());
+    let w = common::retrying(cluster.urls_for(1), Duration::from_millis(100), Retry::never());
     let v_retry = Retry::new()
         .with_unbounded_attempts()
         .with_delay(Duration::from_millis(200))
         .with_max_wait(Duration::from_secs(3));
-    let v = client(cluster.urls_for(2), Duration::from_millis(200), v_retry);
+    let v = common::retrying(cluster.urls_for(2), Duration::from_millis(200), v_retry);
 
     // R's connections are warm: a broken one is then "stale" and its request re-sent.
     r.try_lock("warm-up").await.unwrap().release().await.unwrap();

@@ -191,11 +191,7 @@ pub(crate) async fn run<F>(
 where
     F: Future<Output = (usize, NodeOutcome)>,
 {
-    let outcomes = smallvec![NodeOutcome::Pending; requests.left];
-    let (mut round, mut rest) =
-        run_until(requests, outcomes, started_at, |tally, _| settle(tally)).await;
-    linger(&mut round, &mut rest, nodes).await;
-    (round, rest)
+    run_and_linger(requests, started_at, nodes, |tally, _| settle(tally)).await
 }
 
 /// [`run`] for an acquisition ([`quorum::settle_acquire_sparing`]): refused for contention
@@ -208,14 +204,27 @@ pub(crate) async fn run_acquire<F>(
 where
     F: Future<Output = (usize, NodeOutcome)>,
 {
-    let outcomes = smallvec![NodeOutcome::Pending; requests.left];
     let now = Instant::now();
     let hung: SmallVec<[usize; 7]> = (0..nodes.len()).filter(|&i| nodes[i].is_hung(now)).collect();
-    let (mut round, mut rest) = run_until(requests, outcomes, started_at, |tally, outcomes| {
+    run_and_linger(requests, started_at, nodes, |tally, outcomes| {
         let pending = |&i: &usize| outcomes.get(i) == Some(&NodeOutcome::Pending);
         quorum::settle_acquire_sparing(tally, hung.iter().filter(|i| pending(i)).count())
     })
-    .await;
+    .await
+}
+
+/// [`run_until`] from no answers, then [`linger`]: what [`run`] and [`run_acquire`] share.
+async fn run_and_linger<F>(
+    requests: Rest<F>,
+    started_at: Instant,
+    nodes: &[Arc<Node>],
+    decide: impl Fn(&Tally, &[NodeOutcome]) -> Option<Settled>,
+) -> (Round, Rest<F>)
+where
+    F: Future<Output = (usize, NodeOutcome)>,
+{
+    let outcomes = smallvec![NodeOutcome::Pending; requests.left];
+    let (mut round, mut rest) = run_until(requests, outcomes, started_at, decide).await;
     linger(&mut round, &mut rest, nodes).await;
     (round, rest)
 }

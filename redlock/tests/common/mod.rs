@@ -27,6 +27,11 @@ pub fn builder_for(urls: Vec<String>, node_timeout: Duration) -> RedlockBuilder 
         .retry(Retry::never())
 }
 
+/// [`builder_for`] with `retry` instead of a single attempt, built.
+pub fn retrying(urls: Vec<String>, node_timeout: Duration, retry: Retry) -> Redlock {
+    builder_for(urls, node_timeout).retry(retry).build().unwrap()
+}
+
 pub fn client(cluster: &Cluster) -> Redlock {
     builder(cluster, Duration::from_millis(200)).build().unwrap()
 }

@@ -38,12 +38,37 @@ pub enum FencedWrite {
 static FENCED_SET: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("lua/fenced_set.lua")));
 
+/// What [`token_key`] appends to a key without a hash tag, once wrapped in braces.
+const UNTAGGED_SUFFIX: &str = ":fence";
+/// What [`token_key`] appends to a key with a hash tag. It differs from
+/// [`UNTAGGED_SUFFIX`] in its last character, so no store of a tagged key can equal one of
+/// an untagged key (`{a}` and `a` once shared `{a}:fence`).
+const TAGGED_SUFFIX: &str = ":fence-t";
+
 /// The key where [`fenced_set`] keeps the highest token seen for `key`: in the same Redis
-/// Cluster hash slot as `key` (`key` + `:fence` when `key` has a hash tag, `{key}:fence`
-/// otherwise). Keys that contain braces without a valid hash tag are not supported on a
-/// Redis Cluster (give them a tag).
+/// Cluster hash slot as `key` (`{key}:fence` for a key without a hash tag, `key:fence-t`
+/// for a key with one), and a different store for every key (the mapping is injective).
+/// Keys that contain a `}` without a valid hash tag are not supported on a Redis Cluster
+/// (give them a tag): their store may land in another slot.
 pub fn token_key(key: &str) -> String {
-    if has_hash_tag(key) { format!("{key}:fence") } else { format!("{{{key}}}:fence") }
+    if has_hash_tag(key) {
+        format!("{key}{TAGGED_SUFFIX}")
+    } else {
+        format!("{{{key}}}{UNTAGGED_SUFFIX}")
+    }
+}
+
+/// Whether `key` is the token store of some key ([`token_key`]'s image): such a key cannot
+/// take a fenced value, since its own token store is where another value's tokens live.
+pub fn is_token_key(key: &str) -> bool {
+    if let Some(value_key) = key.strip_suffix(TAGGED_SUFFIX)
+        && has_hash_tag(value_key)
+    {
+        return true;
+    }
+    key.strip_suffix(UNTAGGED_SUFFIX)
+        .and_then(|wrapped| wrapped.strip_prefix('{')?.strip_suffix('}'))
+        .is_some_and(|value_key| !has_hash_tag(value_key))
 }
 
 /// Whether `key` has a Redis Cluster hash tag: a non-empty `{...}` part, the first `{`
@@ -73,13 +98,22 @@ fn has_hash_tag(key: &str) -> bool {
 /// ```
 ///
 /// # Errors
-/// The connection's error; a server error when the stored token is not a number.
+/// The connection's error; a server error when the stored token is not a number; a client
+/// error ([`redis::ErrorKind::InvalidClientConfig`]) when `key` is itself a token store
+/// ([`is_token_key`]), before anything is sent.
 pub async fn fenced_set<C: ConnectionLike>(
     connection: &mut C,
     key: &str,
     value: &[u8],
     token: u64,
 ) -> redis::RedisResult<FencedWrite> {
+    if is_token_key(key) {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "a fenced value cannot be kept at a key that is a token store",
+            key.to_owned(),
+        )));
+    }
     let written: i64 = FENCED_SET
         .key(key)
         .key(token_key(key))
@@ -97,9 +131,34 @@ mod tests {
     #[test]
     fn the_counter_stays_in_the_values_hash_slot() {
         assert_eq!(token_key("invoice:7"), "{invoice:7}:fence");
-        assert_eq!(token_key("{orders}:7"), "{orders}:7:fence");
+        assert_eq!(token_key("{orders}:7"), "{orders}:7:fence-t");
         assert_eq!(token_key("a{}b"), "{a{}b}:fence");
         assert!(!has_hash_tag("a{b"));
         assert!(has_hash_tag("x{b}y"));
+    }
+
+    #[test]
+    fn a_key_and_its_braced_form_have_different_token_stores() {
+        assert_ne!(token_key("a"), token_key("{a}"));
+        assert!(is_token_key(&token_key("a")));
+        assert!(is_token_key(&token_key("{a}")));
+        assert!(!is_token_key("a"));
+        assert!(!is_token_key("{a}"));
+        assert!(!is_token_key("invoice:fence"));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn token_stores_are_distinct_and_never_value_keys(
+            a in "[a-c{}:]{0,6}(:fence(-t)?)?",
+            b in "[a-c{}:]{0,6}(:fence(-t)?)?",
+        ) {
+            if a != b {
+                proptest::prop_assert_ne!(token_key(&a), token_key(&b));
+            }
+            proptest::prop_assert!(is_token_key(&token_key(&a)));
+            // A store's key maps to a store of its own, never to itself.
+            proptest::prop_assert_ne!(token_key(&token_key(&a)), token_key(&a));
+        }
     }
 }

@@ -184,3 +184,26 @@ async fn fenced_writes_compare_tokens_beyond_two_to_the_53() {
     assert_eq!(fenced_set(&mut con, "v", b"max", u64::MAX).await.unwrap(), FencedWrite::Written);
     assert_eq!(store.get("v").unwrap().as_deref(), Some("max"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_key_and_its_braced_form_keep_separate_tokens() {
+    let node = RedisNode::start().unwrap();
+    let mut con = node.client().unwrap().get_multiplexed_async_connection().await.unwrap();
+    // The holder of `a` is far ahead of the holder of `{a}`: neither rejects the other.
+    assert_eq!(fenced_set(&mut con, "a", b"x", 500).await.unwrap(), FencedWrite::Written);
+    assert_eq!(fenced_set(&mut con, "{a}", b"y", 1).await.unwrap(), FencedWrite::Written);
+    assert_eq!(fenced_set(&mut con, "{a}", b"z", 1).await.unwrap(), FencedWrite::Written);
+    assert_eq!(fenced_set(&mut con, "a", b"w", 499).await.unwrap(), FencedWrite::Rejected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_store_is_refused_as_a_value_key_and_left_alone() {
+    let node = RedisNode::start().unwrap();
+    let mut con = node.client().unwrap().get_multiplexed_async_connection().await.unwrap();
+    assert_eq!(fenced_set(&mut con, "a", b"x", 7).await.unwrap(), FencedWrite::Written);
+    for store in [redlock::fence::token_key("a"), redlock::fence::token_key("{a}")] {
+        let err = fenced_set(&mut con, &store, b"junk", 9).await.unwrap_err();
+        assert_eq!(err.kind(), redis::ErrorKind::InvalidClientConfig, "{store}: {err}");
+    }
+    assert_eq!(node.get(&redlock::fence::token_key("a")).unwrap().as_deref(), Some("7"));
+}

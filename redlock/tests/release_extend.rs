@@ -209,3 +209,23 @@ async fn is_held_asks_the_quorum() {
     let err = lock.is_held().await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_after_the_validity_ran_out_is_not_held_even_when_too_few_nodes_answer() {
+    let mut cluster = common::cluster(3);
+    let rl = common::client(&cluster);
+    let lock = rl.try_lock("k").ttl(Duration::from_millis(300)).await.unwrap();
+    assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("k") == 3).await);
+    cluster.node_mut(0).kill().unwrap();
+    cluster.node_mut(1).kill().unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(!lock.is_valid());
+    let err = lock.release().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+    assert!(err.to_string().contains("validity had run out"), "{err}");
+    // The release was still sent: the live node's key (if it has not expired) is gone.
+    assert!(
+        common::eventually(Duration::from_secs(1), || cluster.node(2).get("k").unwrap().is_none())
+            .await
+    );
+}

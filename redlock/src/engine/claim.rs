@@ -335,13 +335,16 @@ impl<P: Protocol> Claim<P> {
         // Only now: if this future is dropped mid-round, Drop releases again (every
         // release is safe to repeat).
         self.armed = false;
+        // A lease that ran out is over whatever the nodes answer: the client's own clock
+        // says so, and too few answers must not turn that into "try again later".
         match round.settled {
             Settled::Reached if was_valid => Ok(()),
-            Settled::Reached => Err(self.round_error(
+            _ if !was_valid => Err(self.round_error(
                 ErrorKind::NotHeld,
                 "the validity had run out before the release",
                 &round,
             )),
+            Settled::Reached => Ok(()),
             Settled::Failed(kind) => Err(self.lost_error(kind, "release", &round)),
         }
     }

@@ -39,36 +39,31 @@ pub struct Inspection {
 impl Redlock {
     /// Asks every node what it holds for `resource`: the holder and the remaining lease per
     /// node, and the holder a quorum agrees on. Read-only and advisory: the answer may be
-    /// stale by the time it is read.
+    /// stale by the time it is read. Every node is asked at once, each within the node
+    /// timeout.
     ///
     /// # Errors
     /// [`ErrorKind::Config`] for an invalid resource name. Nodes that cannot be asked are
     /// reported in their [`NodeView::error`], not as an error.
     pub async fn inspect(&self, resource: &str) -> Result<Inspection> {
         let key = self.core.config.key(resource)?;
-        let command = Command::script(&command::INSPECT, &[&*key], &[] as &[&[u8]], Resend::Safe);
-        let mut nodes = Vec::with_capacity(self.core.nodes.len());
-        for node in self.core.nodes.iter() {
-            let sent = tokio::time::timeout(self.core.config.node_timeout, node.send(&command));
-            let view = match sent.await {
-                Err(_) => Err("timed out".to_owned()),
-                Ok(reply) => match reply.value {
-                    Ok(value) => read_view(&value),
-                    Err(failure) => Err(failure.outcome().to_string()),
+        let views = self.read_views(&key).await;
+        let nodes: Vec<NodeView> = (self.core.nodes.iter().zip(views))
+            .map(|(node, view)| match view {
+                Ok(view) => NodeView {
+                    node: node.name().to_string(),
+                    holder: view.holder,
+                    ttl: view.ttl,
+                    error: None,
                 },
-            };
-            nodes.push(match view {
-                Ok((holder, ttl)) => {
-                    NodeView { node: node.name().to_string(), holder, ttl, error: None }
-                }
                 Err(error) => NodeView {
                     node: node.name().to_string(),
                     holder: None,
                     ttl: None,
                     error: Some(error),
                 },
-            });
-        }
+            })
+            .collect();
         let quorum = self.quorum();
         let holder = nodes
             .iter()
@@ -80,15 +75,41 @@ impl Redlock {
         Ok(Inspection { key: key.to_string(), nodes, holder })
     }
 
-    /// Deletes `resource`'s lock on every node whoever holds it, and wakes its waiters: an
-    /// administrator's last resort for a lock whose holder is known to be gone. The holder,
-    /// if it still runs, fails its next extension (its [`Lease`](crate::Lease) reports the
-    /// loss); until then two holders may overlap. Returns how many nodes answered.
+    /// Every node's view of `key`, asked at once, in the order of the nodes.
+    async fn read_views(&self, key: &str) -> Vec<std::result::Result<View, String>> {
+        let command = Command::script(&command::INSPECT, &[key], &[] as &[&[u8]], Resend::Safe);
+        let timeout = self.core.config.node_timeout;
+        let asks = self.core.nodes.iter().map(|node| {
+            let sent = tokio::time::timeout(timeout, node.send(&command));
+            async move {
+                match sent.await {
+                    Err(_) => Err("timed out".to_owned()),
+                    Ok(reply) => match reply.value {
+                        Ok(value) => read_view(&value),
+                        Err(failure) => Err(failure.outcome().to_string()),
+                    },
+                }
+            }
+        });
+        futures::future::join_all(asks).await
+    }
+
+    /// Removes from every node the holds of `resource` that were there when the call began,
+    /// and wakes its waiters: an administrator's last resort for a lock whose holder is
+    /// known to be gone. The holder, if it still runs, fails its next extension (its
+    /// [`Lease`](crate::Lease) reports the loss); until then two holders may overlap.
+    /// Returns how many nodes answered the removal.
     ///
-    /// The delete is sent at most once per node, never again whatever happens to its
-    /// connection: on a connection opened for it, or on one that has just answered a `PING`
-    /// (a closed one is replaced first). So each node is given twice the node timeout, and a
-    /// hung node never runs the delete late, when someone else may hold the lock.
+    /// It first reads every node's holds (as [`inspect`](Redlock::inspect) does), then
+    /// removes, on every node at once, only the keys and hash fields that still hold one
+    /// of the holds it read on any node; a holder granted after a node was read, or on
+    /// nodes it freed, keeps its lock. A hold granted while the nodes are being read is
+    /// either removed from every node that answers or left alone. A node that could not be
+    /// read still gets the removal of what the others showed.
+    ///
+    /// The removal is sent at most once per node, on a connection opened for it or on one
+    /// that has just answered a `PING` (a closed one is replaced first): each node is given
+    /// twice the node timeout for it.
     ///
     /// # Errors
     /// [`ErrorKind::Config`] for an invalid resource name; [`ErrorKind::Unavailable`] when
@@ -96,27 +117,18 @@ impl Redlock {
     /// expires).
     pub async fn force_release(&self, resource: &str) -> Result<usize> {
         let key = self.core.config.key(resource)?;
-        let channel = crate::engine::channel(&key);
-        // Never re-sent: an unconditional delete that ran before its connection dropped
-        // would, sent again, delete the hold of whoever took the lock in between.
-        let command = Command::script(
-            &command::FORCE_RELEASE,
-            &[&*key],
-            &[channel.as_bytes()],
-            Resend::Never,
-        );
-        let mut answered = 0;
-        for node in self.core.nodes.iter() {
-            // Two round trips: the `PING` and the delete.
-            let sent = tokio::time::timeout(self.core.config.node_timeout * 2, node.send(&command));
-            if let Ok(reply) = sent.await
-                && reply.value.is_ok()
-            {
-                answered += 1;
+        let views = self.read_views(&key).await;
+        let read = views.iter().filter(|view| view.is_ok()).count();
+        let mut seen: Vec<String> = Vec::new();
+        for hold in views.into_iter().flatten().flat_map(|view| view.holds) {
+            if !seen.contains(&hold) {
+                seen.push(hold);
             }
         }
+        // Nothing seen, nothing to remove: the nodes that answered the read answered.
+        let answered = if seen.is_empty() { read } else { self.remove_holds(&key, &seen).await };
         if answered >= self.quorum() {
-            tracing::warn!(target: "redlock", resource, answered, "lock released by force");
+            tracing::warn!(target: "redlock", resource, answered, holds = seen.len(), "lock released by force");
             Ok(answered)
         } else {
             Err(Error::local(
@@ -129,27 +141,57 @@ impl Redlock {
             ))
         }
     }
+
+    /// Removes `holds` from `key` on every node at once; returns how many nodes answered.
+    async fn remove_holds(&self, key: &str, holds: &[String]) -> usize {
+        let channel = crate::engine::channel(key);
+        let mut args: Vec<&[u8]> = Vec::with_capacity(holds.len() + 1);
+        args.push(channel.as_bytes());
+        args.extend(holds.iter().map(|hold| hold.as_bytes()));
+        // Sent once per node, on a connection known to be alive: the removal is idempotent
+        // per hold, but a hung node running it long after the call returned would still
+        // surprise an operator who saw it fail.
+        let command = Command::script(&command::FORCE_RELEASE, &[key], &args, Resend::Never);
+        // Two round trips: the `PING` and the removal.
+        let timeout = self.core.config.node_timeout * 2;
+        let removals = self.core.nodes.iter().map(|node| {
+            let sent = tokio::time::timeout(timeout, node.send(&command));
+            async move { matches!(sent.await, Ok(reply) if reply.value.is_ok()) }
+        });
+        futures::future::join_all(removals).await.into_iter().filter(|&ok| ok).count()
+    }
 }
 
-/// A node's `{type, holder, pttl}`.
-fn read_view(value: &Value) -> std::result::Result<(Option<String>, Option<Duration>), String> {
+/// What one node holds for a key.
+struct View {
+    /// A plain lock's token, or a hash kind's hold fields joined by spaces.
+    holder: Option<String>,
+    ttl: Option<Duration>,
+    /// Each hold on its own: the token, or every field of a hash kind.
+    holds: Vec<String>,
+}
+
+/// A node's `{type, holder, pttl, hold...}`.
+fn read_view(value: &Value) -> std::result::Result<View, String> {
     let text = |v: &Value| redis::from_redis_value::<String>(v.clone()).map_err(|e| e.to_string());
-    match value {
-        Value::Array(items) if items.len() == 3 => {
-            let kind = text(&items[0])?;
-            if kind == "none" {
-                return Ok((None, None));
-            }
-            let holder = text(&items[1])?;
-            let pttl =
-                redis::from_redis_value::<i64>(items[2].clone()).map_err(|e| e.to_string())?;
-            let ttl = u64::try_from(pttl).ok().map(Duration::from_millis);
-            let holder = match kind.as_str() {
-                "string" | "hash" => holder,
-                other => format!("a {other}, not a lock"),
-            };
-            Ok((Some(holder), ttl))
-        }
-        other => Err(format!("unexpected reply {other:?}")),
+    let Value::Array(items) = value else {
+        return Err(format!("unexpected reply {value:?}"));
+    };
+    let [kind, holder, pttl, holds @ ..] = items.as_slice() else {
+        return Err(format!("unexpected reply {value:?}"));
+    };
+    let kind = text(kind)?;
+    if kind == "none" {
+        return Ok(View { holder: None, ttl: None, holds: Vec::new() });
     }
+    let holder = text(holder)?;
+    let pttl = redis::from_redis_value::<i64>(pttl.clone()).map_err(|e| e.to_string())?;
+    let ttl = u64::try_from(pttl).ok().map(Duration::from_millis);
+    let (holder, holds) = match kind.as_str() {
+        "string" | "hash" => {
+            (holder, holds.iter().map(text).collect::<std::result::Result<_, _>>()?)
+        }
+        other => (format!("a {other}, not a lock"), Vec::new()),
+    };
+    Ok(View { holder: Some(holder), ttl, holds })
 }

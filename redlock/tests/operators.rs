@@ -86,11 +86,10 @@ async fn an_owner_label_is_shown_with_the_token_and_changes_nothing_else() {
     assert_eq!(bad.unwrap_err().kind(), ErrorKind::Config);
 }
 
-/// A forced release is an unconditional delete: one that ran before its connection dropped
-/// would, sent again, delete the hold of whoever took the lock in between. So once written
-/// it is never re-sent: a node whose connection dropped with it in flight is reported as
-/// not answered, and the next call, on a new connection, reaches it. One that a connection
-/// already dead refused before writing anything goes out on a new connection at once.
+/// A forced release's removal, once written, is never re-sent: a node whose connection
+/// dropped with it in flight is reported as not answered, and the next call, on a new
+/// connection, reaches it. One that a connection already dead refused before writing
+/// anything goes out on a new connection at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forced_release_is_not_sent_again_on_a_new_connection() {
     let faulty = redlock_testkit::FaultyCluster::start(3).unwrap();
@@ -101,8 +100,9 @@ async fn a_forced_release_is_not_sent_again_on_a_new_connection() {
     assert!(
         common::eventually(Duration::from_secs(1), || faulty.cluster().count_key("job") == 3).await
     );
-    // Node 0's delete is written, held by its proxy, and its connection reset under it.
-    faulty.proxy(0).hold_requests_containing(b"job", Duration::from_secs(5));
+    // Node 0's removal (the only request that carries the holder's token) is written,
+    // held by its proxy, and its connection reset under it.
+    faulty.proxy(0).hold_requests_containing(lock.token().as_bytes(), Duration::from_secs(5));
     let forced = tokio::spawn({
         let admin = admin.clone();
         async move { admin.force_release("job").await }
@@ -130,4 +130,45 @@ async fn a_forced_release_on_a_connection_closed_before_the_call_reaches_every_n
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(admin.force_release("job").await.unwrap(), 3, "every node reached");
     assert!(!faulty.cluster().node(0).exists("job").unwrap());
+}
+
+/// A forced release removes the holds it saw when it began, never a hold granted while it
+/// runs: here the old holder H (gone) had the lock on nodes 0 and 1, the operator reaches
+/// node 2 over a slow link, and a waiter W, cut off from node 1, is granted on {0, 2} as
+/// soon as node 0 is freed, long before the removal reaches node 2. W keeps node 2, so a
+/// third client X cannot be granted {1, 2} while W holds the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_release_spares_a_holder_granted_while_it_runs() {
+    let faulty =
+        redlock_testkit::FaultyCluster::start_for_clients(3, 3, Default::default()).unwrap();
+    let (admin_at, waiter_at, third_at) = (0, 1, 2);
+    for i in 0..2 {
+        common::run(faulty.cluster(), i, &["SET", "job", "gone-holder", "PX", "20000"]);
+    }
+    let admin =
+        common::builder_for(faulty.urls_for(admin_at), Duration::from_millis(800)).build().unwrap();
+    assert!(admin.inspect("warm").await.unwrap().nodes.iter().all(|v| v.error.is_none()));
+    faulty.client_proxy(admin_at, 2).set_fault(common::latency(150));
+    faulty.client_proxy(waiter_at, 1).set_fault(redlock_testkit::NetFault::Blackhole);
+    let waiter = common::retrying(
+        faulty.urls_for(waiter_at),
+        Duration::from_millis(100),
+        Retry::new()
+            .with_unbounded_attempts()
+            .with_delay(Duration::from_millis(10))
+            .with_jitter(Duration::from_millis(10))
+            .with_max_wait(Duration::from_secs(10)),
+    );
+    let waiting = tokio::spawn(async move { waiter.lock("job").await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    admin.force_release("job").await.unwrap();
+    let w = waiting.await.unwrap().unwrap();
+    // Whatever the removal did on node 2, it has landed by now (it was awaited).
+    let third = common::single_attempt(faulty.urls_for(third_at));
+    let err = third.try_lock("job").await.unwrap_err();
+    assert!(w.is_valid());
+    assert_eq!(err.kind(), ErrorKind::NotAcquired, "{err}");
+    let holding = faulty.cluster().nodes_holding("job", w.token());
+    assert!(holding.contains(&0) && holding.contains(&2), "W's hold on {holding:?}");
+    w.release().await.unwrap();
 }

@@ -114,7 +114,16 @@ pub(crate) async fn run(options: &Options, args: RunArgs) -> u8 {
     let lock = match acquired {
         Ok(lock) => lock,
         Err(err) if err.kind() == ErrorKind::NotAcquired => {
-            eprintln!("redlock: {} is held elsewhere: {err}", args.resource);
+            // A split vote or a waiting writer is not a holder: a conflict code of 0 must
+            // not hide a run on which nobody held the lock.
+            let why = if err.is_split_vote() {
+                "was not acquired by anyone (a split vote)"
+            } else if err.writers_waiting() > 0 {
+                "is awaited by a writer"
+            } else {
+                "is held elsewhere"
+            };
+            eprintln!("redlock: {} {why}: {err}", args.resource);
             shut_down(&rl).await;
             return args.conflict_exit_code;
         }

@@ -15,7 +15,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum ErrorKind {
     /// The configuration or an argument is invalid; retrying cannot help.
     Config,
-    /// Another owner holds the resource on enough nodes that no quorum was possible.
+    /// Not acquired for contention: enough nodes answered that no quorum was possible, and
+    /// they refused for other holds (another owner holds it, a split vote, or, for a
+    /// reader, a waiting writer). The message says which;
+    /// [`Error::is_split_vote`] and [`Error::writers_waiting`] tell them apart.
     NotAcquired,
     /// Too few nodes were reachable or answered within the node timeout.
     Unavailable,
@@ -55,7 +58,7 @@ impl ErrorKind {
     fn describe(self) -> &'static str {
         match self {
             Self::Config => "invalid configuration",
-            Self::NotAcquired => "held by another owner",
+            Self::NotAcquired => "not acquired",
             Self::Unavailable => "too few nodes answered",
             Self::Expired => "validity used up during acquisition",
             Self::NotHeld => "lock no longer held",
@@ -79,6 +82,9 @@ pub enum NodeOutcome {
     Ok,
     /// The node holds the key for another owner.
     Held,
+    /// No one holds the key on the node, but a writer waits for it there: a new reader is
+    /// held back (writer preference).
+    WriterWaiting,
     /// Our key is not on the node (expired, released, or lost in a restart).
     Absent,
     /// The key holds another data type.
@@ -110,6 +116,7 @@ impl fmt::Display for NodeOutcome {
         match self {
             Self::Ok => f.write_str("ok"),
             Self::Held => f.write_str("held by another owner"),
+            Self::WriterWaiting => f.write_str("a writer waits"),
             Self::Absent => f.write_str("key absent"),
             Self::WrongType => f.write_str("wrong type"),
             Self::TimedOut => f.write_str("timed out"),
@@ -126,11 +133,12 @@ impl fmt::Display for NodeOutcome {
 pub struct NodeReport {
     node: Arc<str>,
     outcome: NodeOutcome,
+    holder: Option<Arc<str>>,
 }
 
 impl NodeReport {
     pub(crate) fn new(node: Arc<str>, outcome: NodeOutcome) -> Self {
-        Self { node, outcome }
+        Self { node, outcome, holder: None }
     }
 
     /// The node's address (`host:port/db`, never a password).
@@ -141,6 +149,12 @@ impl NodeReport {
     /// What the node said.
     pub fn outcome(&self) -> &NodeOutcome {
         &self.outcome
+    }
+
+    /// Who holds the key on the node, where it said [`NodeOutcome::Held`] and its reply
+    /// named the holder (a plain lock's token); `None` otherwise.
+    pub fn holder(&self) -> Option<&str> {
+        self.holder.as_deref()
     }
 }
 
@@ -153,8 +167,71 @@ pub(crate) struct RoundReport {
 }
 
 impl RoundReport {
+    /// Records who holds the key on node `i`.
+    pub(crate) fn note_holder(&mut self, i: usize, holder: Arc<str>) {
+        if let Some(report) = self.nodes.get_mut(i) {
+            report.holder = Some(holder);
+        }
+    }
+
     fn count(&self, pred: impl Fn(&NodeOutcome) -> bool) -> usize {
         self.nodes.iter().filter(|r| pred(&r.outcome)).count()
+    }
+}
+
+/// Why an acquisition was refused for contention, read from the nodes' answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// Enough nodes hold it for others (or could, among those that did not answer) that
+    /// another owner may hold it on a quorum.
+    Held,
+    /// No other owner can hold it on a quorum: the votes were split.
+    SplitVote,
+    /// No one holds it on a quorum, and a writer waits for it: readers are held back.
+    WriterWaiting,
+}
+
+impl Refusal {
+    /// The reason behind a contention refusal with these per-node answers.
+    pub(crate) fn of(nodes: &[NodeReport], quorum: usize) -> Self {
+        let count =
+            |pred: fn(&NodeOutcome) -> bool| nodes.iter().filter(|r| pred(&r.outcome)).count();
+        let waiting = count(|o| matches!(o, NodeOutcome::WriterWaiting));
+        // A node that did not say what it holds may hold it for any other owner, and so
+        // may one that said "held" without naming the holder.
+        let unknown = count(|o| o.is_fault() || matches!(o, NodeOutcome::Pending))
+            + nodes.iter().filter(|r| r.outcome == NodeOutcome::Held && r.holder.is_none()).count();
+        // The most nodes any one named holder has.
+        let mut named: Vec<(&str, usize)> = Vec::new();
+        for holder in
+            nodes.iter().filter(|r| r.outcome == NodeOutcome::Held).filter_map(|r| r.holder())
+        {
+            match named.iter_mut().find(|(h, _)| *h == holder) {
+                Some((_, count)) => *count += 1,
+                None => named.push((holder, 1)),
+            }
+        }
+        let most = named.iter().map(|&(_, count)| count).max().unwrap_or(0);
+        if most + unknown >= quorum {
+            Self::Held
+        } else if waiting > 0 {
+            Self::WriterWaiting
+        } else {
+            Self::SplitVote
+        }
+    }
+
+    /// What a refusal's message says.
+    pub(crate) fn describe(self) -> &'static str {
+        match self {
+            Self::Held => "held by another owner",
+            Self::SplitVote => {
+                "a split vote: no other owner holds it on a quorum, the contenders' votes were divided"
+            }
+            Self::WriterWaiting => {
+                "a writer waits for it (writer preference holds new readers back); no one holds it on a quorum"
+            }
+        }
     }
 }
 
@@ -187,6 +264,16 @@ impl Error {
         round: RoundReport,
     ) -> Self {
         Self::new(kind, message.into(), Some(resource.to_owned()), Some(round))
+    }
+
+    /// A refused acquisition: `kind` with what the nodes' answers say of it (for contention,
+    /// whether another owner holds it, the votes split, or a writer waits).
+    pub(crate) fn refused(kind: ErrorKind, resource: &str, round: RoundReport) -> Self {
+        let message = match kind {
+            ErrorKind::NotAcquired => Refusal::of(&round.nodes, round.quorum).describe(),
+            _ => "",
+        };
+        Self::round(kind, message, resource, round)
     }
 
     /// An error about the client as a whole, with every node's outcome.
@@ -238,6 +325,26 @@ impl Error {
         self.count(|o| matches!(o, NodeOutcome::Held))
     }
 
+    /// How many nodes refused a reader only because a writer waits there (writer
+    /// preference): no one holds the lock on them.
+    pub fn writers_waiting(&self) -> usize {
+        self.count(|o| matches!(o, NodeOutcome::WriterWaiting))
+    }
+
+    /// Whether an acquisition was refused although no other owner can hold the lock on a
+    /// quorum: contenders split the nodes' votes between them (each short of a quorum), and
+    /// nobody got the lock in that round. A later attempt will likely succeed. False for
+    /// any other error, and for a reader held back by a waiting writer
+    /// ([`writers_waiting`](Error::writers_waiting)).
+    pub fn is_split_vote(&self) -> bool {
+        self.inner.kind == ErrorKind::NotAcquired
+            && self
+                .inner
+                .round
+                .as_ref()
+                .is_some_and(|r| Refusal::of(&r.nodes, r.quorum) == Refusal::SplitVote)
+    }
+
     /// How many nodes did not have our key.
     pub fn absent(&self) -> usize {
         self.count(|o| matches!(o, NodeOutcome::Absent))
@@ -284,6 +391,7 @@ impl fmt::Display for Error {
         write!(f, " (ok {} of {}, quorum {}", self.granted(), round.nodes.len(), round.quorum)?;
         let counts = [
             ("held by another owner", self.held_by_others()),
+            ("a writer waits", self.writers_waiting()),
             ("key absent", self.absent()),
             ("wrong type", round.count(|o| *o == NodeOutcome::WrongType)),
             ("timed out", round.count(|o| *o == NodeOutcome::TimedOut)),
@@ -334,3 +442,51 @@ impl fmt::Debug for Error {
 }
 
 impl std::error::Error for Error {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(outcomes: &[NodeOutcome]) -> Vec<NodeReport> {
+        outcomes.iter().map(|o| NodeReport::new("n".into(), o.clone())).collect()
+    }
+
+    #[test]
+    fn a_refusal_names_a_holder_only_where_one_can_hold_a_quorum() {
+        use NodeOutcome::*;
+        let of = |outcomes: &[NodeOutcome]| Refusal::of(&report(outcomes), outcomes.len() / 2 + 1);
+        assert_eq!(of(&[Held, Held, Ok]), Refusal::Held);
+        assert_eq!(of(&[Held, TimedOut, Ok]), Refusal::Held, "the silent node may hold it");
+        assert_eq!(of(&[Held, Held, Ok, Ok, TimedOut]), Refusal::Held);
+        assert_eq!(of(&[Held, Held, Ok, Ok, Absent]), Refusal::SplitVote);
+        assert_eq!(of(&[Held, Ok, Ok, Held, Pending]), Refusal::Held);
+        assert_eq!(of(&[WriterWaiting, WriterWaiting, Ok]), Refusal::WriterWaiting);
+        assert_eq!(of(&[Held, WriterWaiting, Ok]), Refusal::WriterWaiting);
+        assert_eq!(of(&[Held, Held, WriterWaiting]), Refusal::Held);
+    }
+
+    #[test]
+    fn named_holders_short_of_a_quorum_each_are_a_split_vote() {
+        use NodeOutcome::*;
+        let mut nodes = report(&[Ok, Held, Held]);
+        nodes[1].holder = Some("b".into());
+        nodes[2].holder = Some("c".into());
+        assert_eq!(Refusal::of(&nodes, 2), Refusal::SplitVote);
+        nodes[2].holder = Some("b".into());
+        assert_eq!(Refusal::of(&nodes, 2), Refusal::Held);
+        nodes[2].holder = None;
+        assert_eq!(Refusal::of(&nodes, 2), Refusal::Held, "an unnamed holder may be b");
+    }
+
+    #[test]
+    fn a_split_vote_says_so_in_its_message_and_accessor() {
+        use NodeOutcome::*;
+        let nodes = report(&[Held, Held, Ok, Ok, Absent]);
+        let round = RoundReport { nodes, quorum: 3, elapsed: Duration::ZERO };
+        let err = Error::refused(ErrorKind::NotAcquired, "r", round.clone());
+        assert!(err.is_split_vote());
+        assert!(err.to_string().contains("split vote"), "{err}");
+        let err = Error::refused(ErrorKind::Unavailable, "r", round);
+        assert!(!err.is_split_vote());
+    }
+}

@@ -77,7 +77,8 @@ impl Tally {
         self.pending = self.pending.saturating_sub(1);
         match outcome {
             NodeOutcome::Ok => self.ok += 1,
-            NodeOutcome::Held => self.held += 1,
+            // A reader held back by a waiting writer is refused as by a holder.
+            NodeOutcome::Held | NodeOutcome::WriterWaiting => self.held += 1,
             NodeOutcome::WrongType => self.wrong_type += 1,
             NodeOutcome::Absent => self.absent += 1,
             NodeOutcome::Pending => self.pending += 1,

@@ -45,6 +45,7 @@ pub(crate) fn node_outcome(outcome: &NodeOutcome) -> &'static str {
     match outcome {
         NodeOutcome::Ok => "ok",
         NodeOutcome::Held => "held",
+        NodeOutcome::WriterWaiting => "writer_waiting",
         NodeOutcome::Absent => "absent",
         NodeOutcome::WrongType => "wrong_type",
         NodeOutcome::TimedOut => "timed_out",

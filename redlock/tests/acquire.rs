@@ -215,3 +215,26 @@ async fn even_node_counts_need_more_than_half() {
     let err = rl.try_lock("even").await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotAcquired, "two of four is not a quorum: {err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_vote_is_told_apart_from_a_holder_of_a_quorum() {
+    let cluster = common::cluster(3);
+    let rl = common::client(&cluster);
+    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    // Two other owners, one node each: nobody holds the lock.
+    common::run(&cluster, 1, &["SET", "job", "owner-b", "PX", "10000"]);
+    common::run(&cluster, 2, &["SET", "job", "owner-c", "PX", "10000"]);
+    let err = rl.try_lock("job").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotAcquired);
+    assert!(err.is_split_vote(), "{err}");
+    assert!(err.to_string().contains("split vote"), "{err}");
+    assert!(!err.to_string().contains("held by another owner:"), "{err}");
+    let holders: Vec<_> = err.nodes().iter().filter_map(|n| n.holder()).collect();
+    assert_eq!(holders.len(), 2, "{holders:?}");
+    // One other owner on two of three nodes holds the lock.
+    common::run(&cluster, 2, &["SET", "job", "owner-b", "PX", "10000"]);
+    let err = rl.try_lock("job").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotAcquired);
+    assert!(!err.is_split_vote(), "{err}");
+    assert!(err.to_string().contains("held by another owner"), "{err}");
+}

@@ -198,6 +198,11 @@ async fn a_waiting_writer_blocks_new_readers_and_is_woken_by_the_last_release() 
     assert!(common::eventually(Duration::from_secs(1), intent).await, "the writer's intent");
     let err = rl.read("doc").once().await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotAcquired, "a new reader waits for the writer: {err}");
+    // Nobody holds it against the reader: it says that a writer waits, not a holder.
+    assert!(err.writers_waiting() >= 2, "{err}");
+    assert!(err.to_string().contains("a writer waits"), "{err}");
+    assert!(!err.to_string().contains("held by another owner"), "{err}");
+    assert!(!err.is_split_vote());
 
     let released = Instant::now();
     reader.release().await.unwrap();

@@ -173,7 +173,11 @@ impl<P: Protocol> Claim<P> {
                 round.report(&core.nodes),
             ),
             Settled::Failed(kind) => {
-                Error::round(kind, String::new(), &claim.resource, round.report(&core.nodes))
+                let mut report = round.report(&core.nodes);
+                for (node, holder) in proto.holders() {
+                    report.note_holder(node, holder);
+                }
+                Error::refused(kind, &claim.resource, report)
             }
         };
         claim.clean_up(&round).await;
@@ -194,7 +198,12 @@ impl<P: Protocol> Claim<P> {
         let previous = self.tails[i].replace(slot.clone());
         let proto = self.proto.clone();
         let request = NodeCall { node: i, op, command: command.clone(), previous, after, slot };
-        request.send(&self.core, move |reply| proto.answer(op, reply))
+        request.send(&self.core, move |reply| {
+            if op == Op::Acquire {
+                proto.note_holder(i, reply);
+            }
+            proto.answer(op, reply)
+        })
     }
 
     /// Takes back a failed attempt: awaited on the nodes that granted (they answered a
@@ -207,7 +216,9 @@ impl<P: Protocol> Claim<P> {
         let mut outcomes = round::Outcomes::with_capacity(round.outcomes.len());
         for (i, outcome) in round.outcomes.iter().enumerate() {
             match outcome {
-                NodeOutcome::Held | NodeOutcome::WrongType => outcomes.push(NodeOutcome::Absent),
+                NodeOutcome::Held | NodeOutcome::WriterWaiting | NodeOutcome::WrongType => {
+                    outcomes.push(NodeOutcome::Absent)
+                }
                 _ => {
                     requests.push(self.request(&slots, i, Op::CleanUp, &command, After::new()));
                     outcomes.push(NodeOutcome::Pending);

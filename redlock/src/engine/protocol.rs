@@ -118,6 +118,17 @@ pub(crate) trait Protocol: Send + Sync + 'static {
     fn is_exclusive(&self) -> bool {
         false
     }
+
+    /// Notes who holds the key on node `node`, if `reply` (to an acquisition) says so: a
+    /// refusal then tells a split vote from a holder of a quorum. Kinds whose replies do
+    /// not name the holder note nothing (their refusals are never called split votes
+    /// unless too few nodes refused).
+    fn note_holder(&self, _node: usize, _reply: &Reply) {}
+
+    /// The holders noted so far, by node.
+    fn holders(&self) -> Vec<(usize, Arc<str>)> {
+        Vec::new()
+    }
 }
 
 /// The reading shared by the scripts that answer `1` (done), `2` (done, notification

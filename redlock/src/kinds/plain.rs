@@ -24,12 +24,16 @@ use crate::node::Reply;
 #[derive(Debug)]
 pub(crate) struct Plain {
     id: Identity,
+    /// Who held the key where this acquisition was refused, by node (no allocation until
+    /// a refusal).
+    holders: std::sync::Mutex<smallvec::SmallVec<[(usize, Arc<str>); 1]>>,
 }
 
 impl Plain {
     /// A fresh acquisition of `key`, with a fresh token.
     pub(crate) fn new(key: Arc<str>, label: Option<&str>) -> Self {
-        Self { id: Identity::new("lock", smallvec::smallvec![key], label) }
+        let holders = std::sync::Mutex::new(smallvec::SmallVec::new());
+        Self { id: Identity::new("lock", smallvec::smallvec![key], label), holders }
     }
 
     fn key(&self) -> &str {
@@ -69,6 +73,21 @@ impl Protocol for Plain {
                 Command::plain(cmd, Resend::Safe)
             }
         }
+    }
+
+    fn note_holder(&self, node: usize, reply: &Reply) {
+        if let Ok(Value::BulkString(holder)) = &reply.value
+            && holder.as_slice() != self.id.token.as_bytes()
+        {
+            let holder: Arc<str> = String::from_utf8_lossy(holder).into();
+            let mut holders = self.holders.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            holders.push((node, holder));
+        }
+    }
+
+    fn holders(&self) -> Vec<(usize, Arc<str>)> {
+        let holders = self.holders.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        holders.to_vec()
     }
 
     fn answer(&self, op: Op, reply: &Reply) -> Answer {

@@ -135,7 +135,8 @@ impl Protocol for Share {
         match (op, &reply.value) {
             (Op::Acquire, Ok(Value::Int(1))) => NodeOutcome::Ok.into(),
             // -1: a writer holds it (or, for a writer, readers do); -2: a writer waits.
-            (Op::Acquire, Ok(Value::Int(-1 | -2))) => NodeOutcome::Held.into(),
+            (Op::Acquire, Ok(Value::Int(-1))) => NodeOutcome::Held.into(),
+            (Op::Acquire, Ok(Value::Int(-2))) => NodeOutcome::WriterWaiting.into(),
             (Op::Acquire, other) => failed(other).into(),
             _ => script_answer(reply),
         }
@@ -205,6 +206,9 @@ mod tests {
         assert!(has_intent(Op::Acquire));
         assert!(has_intent(Op::Release));
         assert!(!has_intent(Op::CleanUp));
-        assert_eq!(writer.answer(Op::Acquire, &reply(Value::Int(-2))).outcome, NodeOutcome::Held);
+        assert_eq!(
+            writer.answer(Op::Acquire, &reply(Value::Int(-2))).outcome,
+            NodeOutcome::WriterWaiting
+        );
     }
 }

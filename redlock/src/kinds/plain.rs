@@ -20,19 +20,22 @@ use crate::error::NodeOutcome;
 use crate::guard::guard;
 use crate::node::Reply;
 
+/// Who held the key on which node, as acquisitions' replies named them.
+type Holders = std::sync::Mutex<smallvec::SmallVec<[(usize, Arc<str>); 1]>>;
+
 /// One acquisition of one key.
 #[derive(Debug)]
 pub(crate) struct Plain {
     id: Identity,
     /// Who held the key where this acquisition was refused, by node (no allocation until
     /// a refusal).
-    holders: std::sync::Mutex<smallvec::SmallVec<[(usize, Arc<str>); 1]>>,
+    holders: Holders,
 }
 
 impl Plain {
     /// A fresh acquisition of `key`, with a fresh token.
     pub(crate) fn new(key: Arc<str>, label: Option<&str>) -> Self {
-        let holders = std::sync::Mutex::new(smallvec::SmallVec::new());
+        let holders = Holders::default();
         Self { id: Identity::new("lock", smallvec::smallvec![key], label), holders }
     }
 

@@ -45,6 +45,7 @@ pub(crate) async fn inspect(options: &Options, args: InspectArgs) -> u8 {
         }
     };
     let quorum = rl.quorum();
+    let verdict = Verdict::of(&seen, quorum);
     let ms = |ttl: Option<std::time::Duration>| ttl.map(|ttl| ttl.as_millis());
     if args.json {
         let nodes: Vec<String> = seen
@@ -61,16 +62,20 @@ pub(crate) async fn inspect(options: &Options, args: InspectArgs) -> u8 {
             })
             .collect();
         println!(
-            "{{\"resource\":{},\"key\":{},\"quorum\":{quorum},\"holder\":{},\"nodes\":[{}]}}",
+            "{{\"resource\":{},\"key\":{},\"quorum\":{quorum},\"holder\":{},\"settled\":{},\"nodes\":[{}]}}",
             json(&args.resource),
             json(&seen.key),
             seen.holder.as_deref().map_or("null".to_owned(), json),
+            verdict == Verdict::Settled,
             nodes.join(",")
         );
     } else {
         for view in &seen.nodes {
             match (&view.error, &view.holder) {
-                (Some(err), _) => println!("{}: unreachable: {err}", view.node),
+                (Some(err), _) if denied(err) => {
+                    println!("{}: permission denied: {err}", view.node)
+                }
+                (Some(err), _) => println!("{}: not answered: {err}", view.node),
                 (None, None) => println!("{}: free", view.node),
                 (None, Some(holder)) => {
                     let pttl = ms(view.ttl).map_or("none".to_owned(), |ms| ms.to_string());
@@ -79,13 +84,64 @@ pub(crate) async fn inspect(options: &Options, args: InspectArgs) -> u8 {
             }
         }
         let n = seen.nodes.len();
-        match &seen.holder {
-            Some(holder) => println!("held by {holder} on a quorum ({quorum} of {n})"),
-            None => println!("no holder on a quorum ({quorum} of {n})"),
+        match (&seen.holder, verdict) {
+            (Some(holder), _) => println!("held by {holder} on a quorum ({quorum} of {n})"),
+            (None, Verdict::Settled) => println!("no holder on a quorum ({quorum} of {n})"),
+            (None, Verdict::Unknown) => println!(
+                "unknown: too few nodes answered to tell whether a quorum ({quorum} of {n}) holds it"
+            ),
+            (None, Verdict::Denied) => {
+                println!("unknown: a node refused the user: see the README's ACL rules")
+            }
         }
     }
     shut_down(&rl).await;
-    0
+    match verdict {
+        Verdict::Settled => 0,
+        Verdict::Unknown | Verdict::Denied => EXIT_FAILURE,
+    }
+}
+
+/// Whether an inspection answers the question "who holds it on a quorum".
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Verdict {
+    /// A holder on a quorum, or none possible: the nodes that did not answer could not
+    /// make up a quorum for anyone with those that did.
+    Settled,
+    /// Too few nodes answered to tell.
+    Unknown,
+    /// A node refused the user (`NOPERM`, `WRONGPASS`): the ACL rules or the login need
+    /// fixing, whatever the others said, and an operator must not read that as a free lock.
+    Denied,
+}
+
+impl Verdict {
+    fn of(seen: &redlock::Inspection, quorum: usize) -> Self {
+        if seen.nodes.iter().any(|view| view.error.as_deref().is_some_and(denied)) {
+            return Self::Denied;
+        }
+        if seen.holder.is_some() {
+            return Self::Settled;
+        }
+        let silent = seen.nodes.iter().filter(|view| view.error.is_some()).count();
+        // The holder seen on most nodes, plus every node that did not answer.
+        let most = seen
+            .nodes
+            .iter()
+            .filter_map(|view| view.holder.as_deref())
+            .map(|holder| seen.nodes.iter().filter(|v| v.holder.as_deref() == Some(holder)).count())
+            .max()
+            .unwrap_or(0);
+        if silent > 0 && most + silent >= quorum { Self::Unknown } else { Self::Settled }
+    }
+}
+
+/// A node's refusal of the user (a missing ACL rule, a refused login), as opposed to a node
+/// that could not be asked.
+pub(crate) fn denied(error: &str) -> bool {
+    // redis-rs spells the codes of its own connections' errors `NoPerm`, `WrongPass`.
+    let error = error.to_ascii_uppercase();
+    error.contains("NOPERM") || error.contains("WRONGPASS")
 }
 
 pub(crate) async fn release(options: &Options, args: ReleaseArgs) -> u8 {

@@ -21,6 +21,8 @@ struct Node {
     config: BTreeMap<String, String>,
     /// The node's clock minus ours, at the middle of the request.
     clock_offset_ms: Option<i64>,
+    /// Commands the node refused to this user (`NOPERM`), with what it said.
+    denied: Vec<(&'static str, String)>,
 }
 
 /// A finding: `true` when it breaks the model (non-zero exit), `false` for a warning.
@@ -45,6 +47,16 @@ pub(crate) async fn check(options: &Options) -> u8 {
             Ok(mut node) => {
                 node.url = shown;
                 nodes.push(node);
+            }
+            // A refusal proves the node answered: name the missing rule, not the network.
+            Err(err) if admin::denied(&err) && err.to_ascii_uppercase().contains("NOPERM") => {
+                findings.push((
+                    true,
+                    format!(
+                        "{shown}: NOPERM: the user may not run `ping` (allow +ping; see the \
+                         README's ACL rules): {err}"
+                    ),
+                ))
             }
             Err(err) => findings.push((true, format!("{shown}: unreachable or refused: {err}"))),
         }
@@ -100,9 +112,16 @@ fn judge(node: &Node) -> Vec<Finding> {
             ));
         }
         Some(Some(_)) => {}
-        _ => {
-            out.push((false, format!("{url}: the server version could not be read (INFO denied?)")))
-        }
+        _ => out.push((false, format!("{url}: the server version could not be read"))),
+    }
+    for (command, said) in &node.denied {
+        out.push((
+            false,
+            format!(
+                "{url}: NOPERM: the user may not run `{command}`, so check could not read \
+                 what it returns (allow +{command}; see the README's ACL rules): {said}"
+            ),
+        ));
     }
     match node.role.as_deref() {
         Some("master") => {}
@@ -121,7 +140,7 @@ fn judge(node: &Node) -> Vec<Finding> {
             "{url}: appendonly {} / appendfsync {fsync}: a crash can forget granted locks; use appendonly yes, appendfsync always, or restart_quarantine",
             setting(node, "appendonly")
         ))),
-        None => out.push((false, format!("{url}: persistence settings not readable (CONFIG GET denied?)"))),
+        None => out.push((false, format!("{url}: persistence settings not readable"))),
     }
     match node.config.get("maxmemory-policy").map(String::as_str) {
         Some("noeviction") | None => {}
@@ -243,12 +262,17 @@ async fn probe(options: &Options, url: &str) -> Result<Node, String> {
     let timeout = timeout.max(Duration::from_millis(500));
     let mut node = Node::default();
     admin::bounded(timeout, redis::cmd("PING").query_async::<String>(&mut con)).await?;
-    if let Ok(info) = admin::bounded(
+    let info = admin::bounded(
         timeout,
         redis::cmd("INFO").arg("server").arg("replication").query_async::<String>(&mut con),
     )
-    .await
+    .await;
+    if let Err(err) = &info
+        && admin::denied(err)
     {
+        node.denied.push(("info", err.clone()));
+    }
+    if let Ok(info) = info {
         let fields: BTreeMap<&str, &str> =
             info.lines().filter_map(|line| line.trim().split_once(':')).collect();
         node.valkey =
@@ -261,10 +285,17 @@ async fn probe(options: &Options, url: &str) -> Result<Node, String> {
         node.uptime = fields.get("uptime_in_seconds").and_then(|v| v.parse().ok());
     }
     for name in ["appendonly", "appendfsync", "maxmemory-policy"] {
-        if let Ok(pair) = admin::bounded(timeout, config_get(&mut con, name)).await
-            && let [_, value] = pair.as_slice()
-        {
-            node.config.insert(name.to_owned(), value.clone());
+        match admin::bounded(timeout, config_get(&mut con, name)).await {
+            Ok(pair) => {
+                if let [_, value] = pair.as_slice() {
+                    node.config.insert(name.to_owned(), value.clone());
+                }
+            }
+            Err(err) if admin::denied(&err) => {
+                node.denied.push(("config|get", err));
+                break;
+            }
+            Err(_) => {}
         }
     }
     let before = Instant::now();

@@ -59,31 +59,45 @@ impl Options {
             .map_err(|err| err.to_string())
     }
 
-    /// The client these options describe.
+    /// The client these options describe: the library's own reader of the environment
+    /// (`RedlockBuilder::from_vars`), with this command's flags in place of the variables
+    /// they override, so that one environment configures the command and the library alike
+    /// (the TLS files, and the settings the command has no flag for, such as
+    /// `REDLOCK_RESTART_QUARANTINE`).
     pub(crate) fn client(&self) -> Result<Redlock, String> {
         if self.nodes.is_empty() {
             return Err("no nodes: give --nodes or REDLOCK_NODES".to_owned());
         }
-        let read = |path: &std::path::Path| {
-            std::fs::read(path).map_err(|err| format!("{}: {err}", path.display()))
-        };
-        let mut builder = RedlockBuilder::new();
-        if let Some(ca) = &self.tls_ca {
-            builder = builder.tls_root_ca(read(ca)?);
-        }
-        if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
-            builder = builder.tls_client_cert(read(cert)?, read(key)?);
-        }
-        builder
-            .nodes(self.nodes.iter().map(|node| node.trim().to_owned()))
-            .ttl(self.ttl)
-            .node_timeout(self.node_timeout)
-            .key_prefix(self.key_prefix.clone())
+        RedlockBuilder::from_vars(ENV_PREFIX, |name| self.var(name))
+            .map_err(|err| err.to_string())?
             .owner_label(self.owner_label.clone().unwrap_or_else(default_label))
             .build()
             .map_err(|err| err.to_string())
     }
+
+    /// The value of the variable `name` as these options have it (clap has already merged
+    /// each flag with its variable), or as the environment has it for the others.
+    fn var(&self, name: &str) -> Option<String> {
+        let path = |path: &Option<std::path::PathBuf>| {
+            path.as_ref().map(|path| path.to_string_lossy().into_owned())
+        };
+        match name.strip_prefix(ENV_PREFIX)? {
+            "NODES" => {
+                Some(self.nodes.iter().map(|node| node.trim()).collect::<Vec<_>>().join(","))
+            }
+            "TTL" => Some(humantime::format_duration(self.ttl).to_string()),
+            "NODE_TIMEOUT" => Some(humantime::format_duration(self.node_timeout).to_string()),
+            "KEY_PREFIX" => Some(self.key_prefix.clone()),
+            "TLS_CA" => path(&self.tls_ca),
+            "TLS_CERT" => path(&self.tls_cert),
+            "TLS_KEY" => path(&self.tls_key),
+            _ => std::env::var(name).ok(),
+        }
+    }
 }
+
+/// The prefix of every variable the command reads.
+const ENV_PREFIX: &str = "REDLOCK_";
 
 /// `host/pid`, with anything a label may not hold replaced by `_`.
 fn default_label() -> String {

@@ -526,3 +526,206 @@ fn acl_failures_exit_125_and_name_the_cause() {
     assert!(!shown.contains("wrong-pw"), "no password shown: {shown}");
     assert_eq!(cluster.count_key("job"), 0);
 }
+
+/// The rules of one feature's line in the README's "ACL users" section, for the key prefix
+/// `app:`: the command is tested with what the README tells users, not a copy of it.
+fn readme_acl(features: &[&str]) -> Vec<String> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"));
+    let readme = readme.unwrap();
+    let section = &readme[readme.find("## ACL users").expect("the README's ACL section")..];
+    let mut rules: Vec<String> = Vec::new();
+    for feature in features {
+        let mut lines = section.lines().skip_while(|line| {
+            line.strip_prefix("# ").and_then(|rest| rest.split_once(':')).map(|(name, _)| name)
+                != Some(feature)
+        });
+        let line = lines.nth(1).and_then(|line| line.strip_prefix("ACL SETUSER locker "));
+        let line = line.unwrap_or_else(|| panic!("the README has no ACL rules for `{feature}`"));
+        for rule in line.split_whitespace().filter(|r| *r != "on" && !r.starts_with('>')) {
+            if !rules.iter().any(|known| known == rule) {
+                rules.push(rule.to_owned());
+            }
+        }
+    }
+    rules
+}
+
+/// `redlock` as the ACL user `user`, with the README's rules of `features`, prefix `app:`.
+fn redlock_as(cluster: &Cluster, user: &str, features: &[&str]) -> Command {
+    let rules = readme_acl(features);
+    let rules: Vec<&str> = rules.iter().map(String::as_str).collect();
+    for node in cluster.nodes() {
+        node.acl_setuser(user, "pw", &rules).unwrap();
+    }
+    let urls: Vec<String> = cluster.nodes().iter().map(|n| n.url_as(user, "pw")).collect();
+    let mut command = redlock(cluster);
+    command
+        .env("REDLOCK_NODES", urls.join(","))
+        .env("REDLOCK_KEY_PREFIX", "app:")
+        .env("REDLOCK_NODE_TIMEOUT", "1s");
+    command
+}
+
+/// A lock on `resource` (prefix `app:`) held by the default user, and its token.
+fn held_by_the_default_user(
+    cluster: &Cluster,
+    runtime: &tokio::runtime::Runtime,
+    resource: &str,
+) -> redlock::Lock {
+    let rl = redlock::Redlock::builder().nodes(cluster.urls()).key_prefix("app:").build().unwrap();
+    let lock = runtime.block_on(async { rl.try_lock(resource).await }).unwrap();
+    let key = format!("app:{resource}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while cluster.count_key(&key) < cluster.len() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    lock
+}
+
+/// Each line of the README's ACL section, added to the locking line, is enough for what
+/// the command does with it: run, wait, run fenced, run under restart quarantine (from
+/// `REDLOCK_RESTART_QUARANTINE`), inspect, release by force, check.
+#[test]
+fn every_acl_rule_set_of_the_readme_is_enough_for_the_command() {
+    let config = redlock_testkit::NodeConfig::new()
+        .persistence(redlock_testkit::Persistence::AppendFsyncAlways);
+    let cluster = Cluster::start_with(3, config).unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let ok = |output: Output, what: &str| {
+        let shown = text(&output.stdout) + &text(&output.stderr);
+        assert_eq!(output.status.code(), Some(0), "{what}: {shown}");
+        assert!(!shown.contains("NOPERM"), "{what}: {shown}");
+        shown
+    };
+
+    let run = redlock_as(&cluster, "locking", &["locking"])
+        .args(["run", "job"])
+        .args(sh("exit 0"))
+        .output();
+    ok(run.unwrap(), "locking");
+
+    let dir = scratch();
+    let started = dir.join("started");
+    let first = redlock_as(&cluster, "waiting", &["locking", "waiting"])
+        .args(["run", "job"])
+        .args(sh(&format!("touch {}; sleep 0.5", started.display())))
+        .spawn()
+        .unwrap();
+    assert!(wait_for(&started, Duration::from_secs(5)), "the first run never started");
+    let second = redlock_as(&cluster, "waiting", &["locking", "waiting"])
+        .args(["run", "--wait", "20s", "job"])
+        .args(sh("exit 0"))
+        .output()
+        .unwrap();
+    ok(finish(first, Duration::from_secs(10)), "waiting, first");
+    ok(second, "waiting, second");
+
+    let fenced = redlock_as(&cluster, "fencing", &["locking", "fencing"])
+        .args(["run", "--fenced", "job"])
+        .args(sh("echo token=$REDLOCK_FENCING_TOKEN"))
+        .output()
+        .unwrap();
+    let shown = ok(fenced, "fencing");
+    assert!(shown.contains("token=") && !shown.contains("token=\n"), "{shown}");
+
+    // Uptime past the quarantine, so that every node may vote once INFO is read.
+    std::thread::sleep(Duration::from_millis(2100));
+    let quarantined = redlock_as(&cluster, "quarantine", &["locking", "quarantine"])
+        .env("REDLOCK_RESTART_QUARANTINE", "1ms")
+        .args(["run", "job"])
+        .args(sh("exit 0"))
+        .output()
+        .unwrap();
+    ok(quarantined, "quarantine");
+
+    let lock = held_by_the_default_user(&cluster, &runtime, "job");
+    let inspected = redlock_as(&cluster, "inspect", &["locking", "inspect"])
+        .args(["inspect", "job"])
+        .output()
+        .unwrap();
+    let shown = ok(inspected, "inspect");
+    assert_eq!(shown.matches(lock.token()).count(), 4, "{shown}");
+
+    let forced = redlock_as(&cluster, "force", &["locking", "inspect", "force release"])
+        .args(["release", "--force", "--yes", "job"])
+        .output()
+        .unwrap();
+    ok(forced, "force release");
+    assert_eq!(cluster.count_key("app:job"), 0);
+    drop(lock);
+
+    let checked = redlock_as(&cluster, "check", &["locking", "check"]).arg("check").output();
+    let shown = ok(checked.unwrap(), "check");
+    assert!(!shown.contains("may not") && !shown.contains("warning"), "{shown}");
+}
+
+/// Without the quarantine line, `REDLOCK_RESTART_QUARANTINE` makes the command fail
+/// naming the `info` command: the variable means to the command what it means to the
+/// library.
+#[test]
+fn restart_quarantine_from_the_environment_needs_info_and_says_so() {
+    let cluster = cluster(3);
+    let output = redlock_as(&cluster, "locking", &["locking"])
+        .env("REDLOCK_RESTART_QUARANTINE", "1ms")
+        .args(["run", "job"])
+        .args(sh("exit 0"))
+        .output()
+        .unwrap();
+    let shown = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(125), "{shown}");
+    assert!(shown.contains("NOPERM") && shown.contains("`info`"), "{shown}");
+}
+
+/// A user who may lock but not inspect: `redlock inspect` says `NOPERM` and the command
+/// for every node and exits 125, never "unreachable", "free" or "no holder on a quorum".
+#[test]
+fn inspect_refused_by_the_acl_exits_125_naming_noperm() {
+    let cluster = cluster(3);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let lock = held_by_the_default_user(&cluster, &runtime, "job");
+    let output = redlock_as(&cluster, "locking", &["locking"]).args(["inspect", "job"]).output();
+    let output = output.unwrap();
+    let shown = text(&output.stdout) + &text(&output.stderr);
+    assert_eq!(output.status.code(), Some(125), "{shown}");
+    assert_eq!(shown.matches("NOPERM").count(), 3, "{shown}");
+    assert!(shown.contains("'type'"), "{shown}");
+    for misleading in ["unreachable", "free", "no holder"] {
+        assert!(!shown.contains(misleading), "{misleading}: {shown}");
+    }
+    let output =
+        redlock_as(&cluster, "locking", &["locking"]).args(["inspect", "--json", "job"]).output();
+    let output = output.unwrap();
+    assert_eq!(output.status.code(), Some(125), "{}", text(&output.stdout));
+    assert!(text(&output.stdout).contains("NOPERM"), "{}", text(&output.stdout));
+    runtime.block_on(lock.release()).unwrap();
+}
+
+/// A user without the check line: `redlock check` names each command it may not run and
+/// the rule to allow, never "unreachable".
+#[test]
+fn check_names_the_acl_rule_it_misses() {
+    let cluster = cluster(3);
+    let output = redlock_as(&cluster, "locking", &["locking"]).arg("check").output().unwrap();
+    let shown = text(&output.stdout) + &text(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{shown}");
+    assert!(shown.contains("NOPERM") && shown.contains("+ping"), "{shown}");
+    assert!(!shown.contains("unreachable"), "{shown}");
+    // With PING allowed, the settings it cannot read are named with their rules.
+    let mut ping = readme_acl(&["locking"]);
+    ping.push("+ping".to_owned());
+    let rules: Vec<&str> = ping.iter().map(String::as_str).collect();
+    for node in cluster.nodes() {
+        node.acl_setuser("ping", "pw", &rules).unwrap();
+    }
+    let urls: Vec<String> = cluster.nodes().iter().map(|n| n.url_as("ping", "pw")).collect();
+    let output = Command::new(BIN)
+        .env("REDLOCK_NODES", urls.join(","))
+        .env("REDLOCK_KEY_PREFIX", "app:")
+        .arg("check")
+        .output()
+        .unwrap();
+    let shown = text(&output.stdout) + &text(&output.stderr);
+    assert!(shown.contains("`config|get`") && shown.contains("+config|get"), "{shown}");
+    assert!(shown.contains("`info`") && shown.contains("+info"), "{shown}");
+    assert!(!shown.contains("unreachable"), "{shown}");
+}

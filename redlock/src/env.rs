@@ -17,9 +17,13 @@ impl RedlockBuilder {
     /// | `{prefix}DRIFT_FACTOR` | [`drift_factor`](Self::drift_factor) | `0.01` |
     /// | `{prefix}KEY_PREFIX` | [`key_prefix`](Self::key_prefix) | `locks:` |
     /// | `{prefix}RESTART_QUARANTINE` | [`restart_quarantine`](Self::restart_quarantine) | `30s` |
+    /// | `{prefix}TLS_CA` | [`tls_root_ca`](Self::tls_root_ca), a PEM file | `/etc/redlock/ca.pem` |
+    /// | `{prefix}TLS_CERT`, `{prefix}TLS_KEY` (both or neither) | [`tls_client_cert`](Self::tls_client_cert), PEM files | `client.pem`, `client.key` |
     ///
     /// Durations are in [`humantime`] form (`1m 30s`, `250ms`). Settings not set keep their
-    /// defaults; the builder's other methods still apply on top.
+    /// defaults; the builder's other methods still apply on top. The `redlock` command reads
+    /// the same variables (with the prefix `REDLOCK_`) through this same reader, so one
+    /// environment configures both alike.
     ///
     /// ```no_run
     /// # fn run() -> Result<(), redlock::Error> {
@@ -31,10 +35,22 @@ impl RedlockBuilder {
     ///
     /// # Errors
     /// [`ErrorKind::Config`](crate::ErrorKind::Config), naming the variable, when `NODES` is
-    /// missing or a value does not parse. A value is never repeated in the message (a node
-    /// URL may hold a password).
+    /// missing or a value does not parse, or a TLS file cannot be read (or only one of
+    /// `TLS_CERT` and `TLS_KEY` is set). A value is never repeated in the message (a node URL
+    /// may hold a password), though a file's path is.
     pub fn from_env(prefix: &str) -> Result<RedlockBuilder> {
         from_lookup(prefix, |name| std::env::var(name).ok())
+    }
+
+    /// [`from_env`](Self::from_env) over any source of variables: `get` is asked for each
+    /// variable by its full name (`{prefix}TTL`) and answers its value, if set. For a program
+    /// whose own flags override the environment: answer a flag's value where one was given,
+    /// the environment's otherwise (as the `redlock` command does).
+    ///
+    /// # Errors
+    /// As [`from_env`](Self::from_env).
+    pub fn from_vars(prefix: &str, get: impl Fn(&str) -> Option<String>) -> Result<RedlockBuilder> {
+        from_lookup(prefix, get)
     }
 }
 
@@ -88,6 +104,32 @@ pub(crate) fn from_lookup(
     if let (_, Some(prefix)) = var("KEY_PREFIX") {
         builder = builder.key_prefix(prefix);
     }
+    // The files are read here, once: a missing file is a configuration error naming its
+    // variable, not a handshake failure on every node later.
+    let read = |(name, path): (String, Option<String>)| -> Result<Option<Vec<u8>>> {
+        path.map(|path| {
+            std::fs::read(path.trim())
+                .map_err(|err| Error::config(format!("{name}: cannot read {}: {err}", path.trim())))
+        })
+        .transpose()
+    };
+    if let Some(ca) = read(var("TLS_CA"))? {
+        builder = builder.tls_root_ca(ca);
+    }
+    match (var("TLS_CERT"), var("TLS_KEY")) {
+        ((_, None), (_, None)) => {}
+        (cert @ (_, Some(_)), key @ (_, Some(_))) => {
+            let (cert, key) = (read(cert)?, read(key)?);
+            if let (Some(cert), Some(key)) = (cert, key) {
+                builder = builder.tls_client_cert(cert, key);
+            }
+        }
+        ((set, Some(_)), (unset, None)) | ((unset, None), (set, Some(_))) => {
+            return Err(Error::config(format!(
+                "{set} is set but {unset} is not: a client certificate needs both"
+            )));
+        }
+    }
     Ok(builder)
 }
 
@@ -133,5 +175,17 @@ mod tests {
         .unwrap_err();
         assert!(bad.to_string().contains("APP_TTL"), "{bad}");
         assert!(!bad.to_string().contains("s3cret"), "{bad}");
+    }
+
+    #[test]
+    fn tls_files_are_read_and_named_by_their_variable() {
+        let nodes = ("APP_NODES", "rediss://127.0.0.1:1");
+        let missing = from_lookup("APP_", lookup(&[nodes, ("APP_TLS_CA", "/nonexistent/ca.pem")]))
+            .unwrap_err();
+        assert_eq!(missing.kind(), ErrorKind::Config);
+        assert!(missing.to_string().contains("APP_TLS_CA"), "{missing}");
+        let half = from_lookup("APP_", lookup(&[nodes, ("APP_TLS_CERT", "/nonexistent/c.pem")]))
+            .unwrap_err();
+        assert!(half.to_string().contains("APP_TLS_KEY"), "{half}");
     }
 }

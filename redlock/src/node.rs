@@ -43,10 +43,15 @@ impl Failure {
     fn from_redis(err: &RedisError) -> Self {
         match err.code() {
             // "CODE detail", as the server said it: the code is what operators search for.
-            Some(code) => Self::Server {
-                code: code.into(),
-                message: format!("{code} {}", err.detail().unwrap_or_default()).into(),
-            },
+            Some(code) => {
+                let message = format!("{code} {}", err.detail().unwrap_or_default());
+                match command::explain_refusal(&message) {
+                    Some(explained) => {
+                        Self::Server { code: "NOPERM".into(), message: explained.into() }
+                    }
+                    None => Self::Server { code: code.into(), message: message.into() },
+                }
+            }
             None => Self::Unreachable(err.to_string().into()),
         }
     }
@@ -502,7 +507,17 @@ async fn open(
     seen: Seen<'_>,
 ) -> Result<MultiplexedConnection, Failure> {
     let unreachable = |err: RedisError| {
-        if err.is_timeout() {
+        if err.kind() == redis::ErrorKind::AuthenticationFailed {
+            // The node answered: calling it unreachable would send operators to the network.
+            Failure::Server {
+                code: "WRONGPASS".into(),
+                message: format!(
+                    "WRONGPASS the node refused the login (AUTH): wrong user name or password, \
+                     or the user is off ({err})"
+                )
+                .into(),
+            }
+        } else if err.is_timeout() {
             Failure::ConnectTimedOut
         } else if err.is_connection_refusal() {
             Failure::Refused(err.to_string().into())

@@ -1,7 +1,10 @@
-//! ACL users: the README's minimal rule set is enough for every kind; a user without the
-//! release channels still releases (`Ok`, key gone, one warning per node) and its waiters
-//! poll; a user without `INFO` gets a message naming it when restart quarantine needs it;
-//! a key pattern that excludes the prefix is `Unavailable` with every node's `NOPERM`.
+//! ACL users: each feature's rules in the README are enough for it (read from the README
+//! itself), and every rule of the library's lines is needed; a refused command is
+//! `NOPERM` naming it, inside a script too, and a refused login `WRONGPASS`; a user without
+//! the release channels still releases (`Ok`, key gone, one warning per node) and its
+//! waiters poll; a user without `INFO` gets a message naming it when restart quarantine
+//! needs it; a key pattern that excludes the prefix is `Unavailable` with every node's
+//! `NOPERM`.
 
 mod common;
 
@@ -12,7 +15,7 @@ use redlock_testkit::Cluster;
 
 const PASSWORD: &str = "acl-pass";
 
-/// The README's "ACL users" rule set for the key prefix `app:`.
+/// The README's library lines (locking, waiting, fencing, quarantine) for the prefix `app:`.
 const MINIMAL: &[&str] = common::MINIMAL_ACL;
 
 /// `MINIMAL` with `drop` left out and `add` added.
@@ -39,13 +42,23 @@ fn cluster_as(name: &str, rules: &[&str]) -> (Cluster, RedlockBuilder) {
     (cluster, builder)
 }
 
+#[test]
+fn the_minimal_acl_is_the_readmes_library_lines() {
+    let mut readme = common::readme_acls(&["locking", "waiting", "fencing", "quarantine"]);
+    let mut minimal = MINIMAL.to_vec();
+    readme.sort_unstable();
+    minimal.sort_unstable();
+    assert_eq!(readme, minimal);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_user_with_the_minimal_rules_can_use_every_kind() {
-    let (cluster, builder) = cluster_as("minimal", MINIMAL);
+async fn the_locking_rules_are_enough_for_every_kind() {
+    let (cluster, builder) = cluster_as("locking", &common::readme_acl("locking"));
     let rl = builder.build().unwrap();
 
     let mut lock = rl.lock("plain").await.unwrap();
     lock.extend(Duration::from_secs(10)).await.unwrap();
+    assert!(lock.is_held().await.unwrap());
     lock.release().await.unwrap();
     let mut outer = rl.reentrant("reentrant", "job").await.unwrap();
     let inner = rl.reentrant("reentrant", "job").await.unwrap();
@@ -61,40 +74,164 @@ async fn a_user_with_the_minimal_rules_can_use_every_kind() {
     let writer = rl.write("rw").retry(Retry::new().with_max_attempts(2)).await.unwrap_err();
     assert_eq!(writer.kind(), ErrorKind::NotAcquired);
     read.release().await.unwrap();
-    let write = rl.write("rw").await.unwrap();
-    write.release().await.unwrap();
-    let fenced = rl.lock("fenced").fenced().await.unwrap();
-    assert!(fenced.fencing_token().is_some());
-    fenced.release().await.unwrap();
-    // Waiting is woken by the notification the user may subscribe to.
+    rl.write("rw").await.unwrap().release().await.unwrap();
+    assert_eq!(cluster.keys_everywhere("app:*").unwrap(), 0, "everything released");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_waiting_rules_let_a_waiter_be_woken_by_a_release_notification() {
+    let (cluster, builder) = cluster_as("waiting", &common::readme_acls(&["locking", "waiting"]));
+    let (rl, other) = (builder.clone().build().unwrap(), builder.build().unwrap());
     let held = rl.lock("handoff").await.unwrap();
+    // Polling alone would take 20 s: only the notification can wake the waiter sooner.
     let slow_polling = Retry::new().with_delay(Duration::from_secs(20)).with_jitter(Duration::ZERO);
-    let waiter = tokio::spawn({
-        let rl = rl.clone();
-        async move { rl.lock("handoff").retry(slow_polling).await }
-    });
+    let waiter = tokio::spawn(async move { other.lock("handoff").retry(slow_polling).await });
     assert!(
         common::eventually(Duration::from_secs(5), || {
             common::subscribers(&cluster, "app:handoff").iter().all(|n| *n == 1)
         })
-        .await
+        .await,
+        "the waiter subscribed on every node"
     );
     held.release().await.unwrap();
     let next = tokio::time::timeout(Duration::from_secs(5), waiter).await.unwrap().unwrap();
     next.unwrap().release().await.unwrap();
-    // The server check and restart quarantine read INFO.
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fencing_rules_are_enough_for_fenced_locks() {
+    let (cluster, builder) = cluster_as("fencing", &common::readme_acls(&["locking", "fencing"]));
+    let rl = builder.build().unwrap();
+    let first = rl.lock("fenced").fenced().await.unwrap();
+    let one = first.fencing_token().unwrap();
+    first.release().await.unwrap();
+    let second = rl.lock("fenced").fenced().await.unwrap();
+    assert!(second.fencing_token().unwrap() > one);
+    second.release().await.unwrap();
+    assert_eq!(cluster.keys_everywhere("redlock:fence:app:*").unwrap(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_quarantine_rules_are_enough_for_restart_quarantine() {
+    let (cluster, builder) =
+        cluster_as("quarantine", &common::readme_acls(&["locking", "quarantine"]));
+    // Uptime past the quarantine below, so that every node may vote once INFO is read.
     tokio::time::sleep(Duration::from_millis(2100)).await;
-    let quarantined = Redlock::builder()
-        .nodes(cluster.nodes().iter().map(|node| node.url_as("minimal", PASSWORD)))
+    let rl = builder.restart_quarantine(Duration::from_millis(1)).build().unwrap();
+    rl.try_lock("plain").await.unwrap().release().await.unwrap();
+    // The server check reads INFO too: one server behind two URLs is refused.
+    let url = cluster.node(0).url_as("quarantine", PASSWORD);
+    let twice = Redlock::builder()
+        .nodes([
+            url.clone(),
+            url.replace("127.0.0.1", "localhost"),
+            cluster.node(1).url_as("quarantine", PASSWORD),
+        ])
         .key_prefix("app:")
-        .restart_quarantine(Duration::from_millis(1))
+        .retry(Retry::never())
         .build()
         .unwrap();
-    quarantined.lock("plain").await.unwrap().release().await.unwrap();
+    let err = twice.inspect("plain").await.unwrap();
+    let said: Vec<_> = err.nodes.iter().filter_map(|view| view.error.clone()).collect();
+    assert!(
+        said.iter().any(|error| error.contains("run_id") || error.contains("same server")),
+        "{said:?}"
+    );
+}
 
-    // Only the fencing counters stay, by design.
-    assert_eq!(cluster.keys_everywhere("app:*").unwrap(), 0, "everything released");
-    assert_eq!(cluster.keys_everywhere("redlock:fence:app:*").unwrap(), 3);
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inspect_rules_are_enough_to_inspect_every_kind() {
+    let (_cluster, builder) = cluster_as("inspect", &common::readme_acls(&["locking", "inspect"]));
+    let rl = builder.build().unwrap();
+    let lock = rl.lock("plain").await.unwrap();
+    let hold = rl.reentrant("reentrant", "job").await.unwrap();
+    common::connect_all(&rl).await;
+    let plain = rl.inspect("plain").await.unwrap();
+    for view in &plain.nodes {
+        assert_eq!(view.error, None, "{view:?}");
+        assert_eq!(view.holder.as_deref(), Some(lock.token()), "{view:?}");
+        assert!(view.ttl.is_some(), "{view:?}");
+    }
+    assert_eq!(plain.holder.as_deref(), Some(lock.token()));
+    // A hash kind's holder is read by HKEYS.
+    let hash = rl.inspect("reentrant").await.unwrap();
+    assert!(hash.holder.is_some(), "{hash:?}");
+    lock.release().await.unwrap();
+    hold.release().await.unwrap();
+}
+
+/// A forced release reads the holds (TYPE, PTTL, GET, HKEYS), then removes them (TYPE, GET,
+/// DEL, HDEL, PUBLISH): the README's locking and force release lines are enough.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_force_release_rules_are_enough_to_force_a_release() {
+    let rules = common::readme_acls(&["locking", "inspect", "force release"]);
+    let (cluster, builder) = cluster_as("force", &rules);
+    let rl = builder.build().unwrap();
+    let lock = rl.lock("plain").await.unwrap();
+    let hold = rl.reentrant("reentrant", "job").await.unwrap();
+    let read = rl.read("rw").await.unwrap();
+    for resource in ["plain", "reentrant", "rw"] {
+        assert_eq!(rl.force_release(resource).await.unwrap(), 3, "{resource}");
+    }
+    assert_eq!(cluster.keys_everywhere("app:*").unwrap(), 0, "everything released by force");
+    drop((lock, hold, read));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_refused_by_the_acl_names_noperm_and_the_command() {
+    let (_cluster, builder) = cluster_as("noinspect", &common::readme_acl("locking"));
+    let rl = builder.build().unwrap();
+    let lock = rl.lock("plain").await.unwrap();
+    let seen = rl.inspect("plain").await.unwrap();
+    assert_eq!(seen.holder, None);
+    for view in &seen.nodes {
+        let error = view.error.as_deref().unwrap_or_else(|| panic!("{view:?}"));
+        assert!(error.contains("NOPERM") && error.contains("'type'"), "{error}");
+        assert!(!error.contains("unreachable"), "{error}");
+    }
+    lock.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_refused_in_a_script_is_noperm_naming_the_command() {
+    let (cluster, builder) = cluster_as("nohset", &rules(&["+hset"], &[]));
+    let rl = builder.build().unwrap();
+    let err = rl.reentrant("reentrant", "job").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.faulty() >= 2, "{err}");
+    for node in err.nodes().iter().filter(|node| node.outcome().is_fault()) {
+        let NodeOutcome::Failed(message) = node.outcome() else {
+            panic!("{node:?} is not a permission failure")
+        };
+        assert!(message.starts_with("NOPERM") && message.contains("'hset'"), "{message}");
+    }
+    assert!(err.to_string().contains("`+hset`"), "{err}");
+    assert_eq!(cluster.keys_everywhere("*").unwrap(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_login_is_wrongpass_never_unreachable() {
+    let (cluster, _) = cluster_as("login", MINIMAL);
+    let rl = Redlock::builder()
+        .nodes(cluster.nodes().iter().map(|node| node.url_as("login", "not-the-password")))
+        .key_prefix("app:")
+        .retry(Retry::never())
+        .build()
+        .unwrap();
+    let err = rl.try_lock("plain").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    for node in err.nodes().iter().filter(|node| node.outcome().is_fault()) {
+        assert!(
+            matches!(node.outcome(), NodeOutcome::Failed(message) if message.starts_with("WRONGPASS")),
+            "{node:?}"
+        );
+    }
+    let text = err.to_string();
+    assert!(!text.contains("unreachable") && !text.contains("not-the-password"), "{text}");
+    let seen = rl.inspect("plain").await.unwrap();
+    for view in &seen.nodes {
+        assert!(view.error.as_deref().is_some_and(|e| e.contains("WRONGPASS")), "{view:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -291,7 +428,7 @@ fn pubsub_clients(cluster: &Cluster) -> Vec<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_rule_of_the_minimal_set_is_needed() {
+async fn every_rule_of_the_library_lines_is_needed() {
     let cluster = common::cluster(3);
     let urls: Vec<String> =
         cluster.nodes().iter().map(|node| node.url_as("probe", PASSWORD)).collect();

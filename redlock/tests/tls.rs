@@ -129,3 +129,46 @@ async fn a_missing_client_certificate_is_unavailable_with_a_message_about_the_ce
     assert!(err.to_string().to_lowercase().contains("certificate"), "{err}");
     assert_eq!(cluster.count_key("k"), 0);
 }
+
+/// `from_env` reads the CA and the client certificate from the files its TLS variables
+/// name, as the `redlock` command does: one environment, and the library connects over
+/// mutual TLS. The variables are set only in a child process (this test binary again, run
+/// for the test below), never in this one, where other tests run at the same time.
+#[test]
+fn from_env_reads_the_tls_files_and_connects_over_mutual_tls() {
+    let cluster = tls_cluster(ClientCerts::Required);
+    let certs = Certificates::get().unwrap();
+    let child = |tls: bool| {
+        let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+        command
+            .args(["--exact", "locks_with_the_tls_environment", "--ignored", "--nocapture"])
+            .env("TLSENV_NODES", cluster.urls().join(","))
+            .env("TLSENV_NODE_TIMEOUT", "2s");
+        if tls {
+            command
+                .env("TLSENV_TLS_CA", certs.ca().path())
+                .env("TLSENV_TLS_CERT", certs.client_cert().path())
+                .env("TLSENV_TLS_KEY", certs.client_key().path());
+        }
+        let output = command.output().unwrap();
+        let shown = String::from_utf8_lossy(&output.stdout).into_owned()
+            + &String::from_utf8_lossy(&output.stderr);
+        (output.status.success() && shown.contains("1 passed"), shown)
+    };
+    let (passed, shown) = child(true);
+    assert!(passed, "{shown}");
+    // Without the variables the same child fails: it is the variables that connected it.
+    let (passed, shown) = child(false);
+    assert!(!passed, "{shown}");
+    assert!(shown.to_lowercase().contains("certificate"), "{shown}");
+    assert_eq!(cluster.count_key("from-env"), 0);
+}
+
+/// Run only by the test above, in a child process with the `TLSENV_` variables set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "run in a child process by from_env_reads_the_tls_files_and_connects_over_mutual_tls"]
+async fn locks_with_the_tls_environment() {
+    let rl = RedlockBuilder::from_env("TLSENV_").unwrap().retry(Retry::never()).build().unwrap();
+    let lock = rl.try_lock("from-env").await.unwrap();
+    lock.release().await.unwrap();
+}

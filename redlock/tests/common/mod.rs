@@ -228,10 +228,43 @@ pub fn set_calls(node: &redlock_testkit::RedisNode) -> u64 {
         .map_or(0, |calls| calls.parse().unwrap())
 }
 
-/// The README's "ACL users" rule set for the key prefix `app:` (keep the two in step).
+/// The rules of one feature's line in the README's "ACL users" section (`locking`,
+/// `waiting`, `fencing`, `quarantine`, `inspect`, `force release`, `check`), for the key
+/// prefix `app:`: the tests use what the README tells users, not a copy of it.
+pub fn readme_acl(feature: &str) -> Vec<&'static str> {
+    static README: &str = include_str!("../../../README.md");
+    let section = &README[README.find("## ACL users").expect("the README's ACL section")..];
+    let mut lines = section.lines();
+    while let Some(line) = lines.next() {
+        if line.strip_prefix("# ").and_then(|rest| rest.split_once(':')).map(|(name, _)| name)
+            == Some(feature)
+        {
+            let rules = lines.next().and_then(|next| next.strip_prefix("ACL SETUSER locker "));
+            let rules = rules.unwrap_or_else(|| panic!("no ACL SETUSER line after `# {feature}:`"));
+            return rules
+                .split_whitespace()
+                .filter(|r| *r != "on" && !r.starts_with('>'))
+                .collect();
+        }
+    }
+    panic!("the README has no ACL rules for `{feature}`")
+}
+
+/// The README's lines for `features`, together (a user set up with each line in turn).
+pub fn readme_acls(features: &[&str]) -> Vec<&'static str> {
+    let mut rules: Vec<&str> = Vec::new();
+    for rule in features.iter().flat_map(|feature| readme_acl(feature)) {
+        if !rules.contains(&rule) {
+            rules.push(rule);
+        }
+    }
+    rules
+}
+
+/// What a library client uses: the README's locking, waiting, fencing and quarantine
+/// lines (checked against the README by `acl::the_minimal_acl_is_the_readmes_library_lines`).
 pub const MINIMAL_ACL: &[&str] = &[
     "~app:*",
-    "~redlock:fence:app:*",
     "&redlock:released:app:*",
     "+get",
     "+set",
@@ -248,5 +281,6 @@ pub const MINIMAL_ACL: &[&str] = &[
     "+script|load",
     "+subscribe",
     "+unsubscribe",
+    "~redlock:fence:app:*",
     "+info",
 ];

@@ -134,8 +134,9 @@ where
 /// first waiter in line stands in (see [`ReleaseWatch::stand_in`]) passes without an
 /// attempt: it counts in `counted`, and `due` becomes the next tick's time, paced like an
 /// attempt (of at most a node timeout), unless the policy allows no tick after that one
-/// within its bounds. Once the client shuts down, every tick is an attempt (which fails
-/// at once).
+/// within its bounds. The client's shutdown ends the wait for the tick at once, and every
+/// tick after it is an attempt (which fails at once with `Shutdown`): a shutdown waits for
+/// waits, so none may sleep through it.
 async fn next_turn(
     watch: &ReleaseWatch,
     core: &Core,
@@ -149,6 +150,7 @@ async fn next_turn(
         tokio::select! {
             () = watch.released() => return true,
             () = tokio::time::sleep_until((*due).into()) => {}
+            () = core.tasks.closed() => return false,
         }
         if core.tasks.is_closing() {
             return false;

@@ -152,15 +152,14 @@ where
             return Claim::acquire(core, first, ttl, resource, fenced).await;
         };
         let keys = first.keys().clone();
-        let in_line = first.is_exclusive();
+        let request = notify::Request::of(&first);
         let generations = core.nodes.iter().map(|node| node.generation()).collect();
         let mut give_up =
             GiveUp { core, keys, resource: resource.clone(), withdrawal, generations };
         let mut next = Some(first);
         // Woken by the releases of the first key (a multi-resource lock's other keys are
         // found by the timer).
-        let keys = give_up.keys.clone();
-        let claim = wait::until_acquired(core, retry, &keys, in_line, || {
+        let claim = wait::until_acquired(core, retry, &request, || {
             let proto = next.take().unwrap_or_else(&mut attempt);
             Claim::acquire(core, proto, ttl, resource.clone(), fenced)
         })

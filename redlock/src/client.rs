@@ -177,9 +177,12 @@ impl Redlock {
 
     /// Shuts the client down, for a clean exit: takes no new locks (acquisitions fail with
     /// [`ErrorKind::Shutdown`](crate::ErrorKind::Shutdown)), releases every auto-extended
-    /// lock still alive (their leases end), stops the release notifications, and waits up
-    /// to `within` for the releases still in flight in the background (those of locks
-    /// dropped without `release()` among them).
+    /// lock still alive (their leases end), stops the release notifications and the waits
+    /// of `lock()` calls, and waits up to `within` for the acquisitions under way and the
+    /// releases still in flight in the background (those of locks dropped without
+    /// `release()` among them). An acquisition decided after the shutdown began (its
+    /// round, or its fencing round) is taken back and answers `Shutdown`; one decided
+    /// before is the caller's lock, to release as usual.
     ///
     /// Call it before `main` returns: a process that exits while a release is in flight
     /// leaves that key on its nodes for the rest of its lease. Clones share the shutdown.
@@ -196,7 +199,9 @@ impl Redlock {
     /// # Errors
     /// [`ErrorKind::Shutdown`](crate::ErrorKind::Shutdown) when a release was still in
     /// flight at the deadline or failed on some nodes; [`Error::nodes`](crate::Error::nodes)
-    /// says which (timed out: still in flight; failed: the release failed there).
+    /// says which (timed out: still in flight; failed: the release failed there). Also when
+    /// an acquisition was still under way at the deadline (its future not polled, its
+    /// runtime blocked): the message says how many.
     pub async fn shutdown(&self, within: Duration) -> Result<()> {
         let deadline = std::time::Instant::now() + within;
         self.core.shutdown(deadline).await

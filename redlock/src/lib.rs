@@ -106,7 +106,9 @@
 //! # Shutdown
 //! [`Redlock::shutdown`] before the process exits: a lock dropped without `release()` is
 //! released in the background, and a process that exits first leaves its key for the
-//! whole lease.
+//! whole lease. The shutdown waits (up to its deadline) for that work and for the
+//! acquisitions under way: one decided after the shutdown began is taken back and answers
+//! [`ErrorKind::Shutdown`], and a waiting `lock()` stops waiting and answers the same.
 //!
 //! # Limits worth knowing
 //! - A hung node's connection is kept, not replaced: commands on one connection run in

@@ -10,7 +10,9 @@
 //!   notification subscribers, which outlive any one waiter, and the releases of locks
 //!   dropped outside any runtime (or while theirs shuts down).
 //!
-//! Every task is counted until it ends, so that a shutdown can wait for them.
+//! Every task is counted until it ends, so that a shutdown can wait for them; so is every
+//! acquisition under way in a caller's task (a wait, an attempt, its fencing round and its
+//! clean-up), which a shutdown waits for too.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -42,7 +44,10 @@ impl Default for Tasks {
 
 #[derive(Debug, Default)]
 struct Running {
+    /// Tasks and acquisitions under way.
     count: AtomicUsize,
+    /// Of `count`, the acquisitions.
+    acquisitions: AtomicUsize,
     idle: Notify,
 }
 
@@ -62,6 +67,26 @@ impl Drop for Counted {
         if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.0.idle.notify_waiters();
         }
+    }
+}
+
+/// Counts an acquisition under way in a caller's task until it is dropped: when the
+/// acquisition ends, however it ends (answered, or its future dropped).
+#[must_use = "counts the acquisition only while it lives"]
+pub(crate) struct Acquisition {
+    /// Dropped after the acquisition's own count: the task count reaches zero last.
+    counted: Counted,
+}
+
+impl Drop for Acquisition {
+    fn drop(&mut self) {
+        self.counted.0.acquisitions.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl std::fmt::Debug for Acquisition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Acquisition")
     }
 }
 
@@ -109,6 +134,19 @@ impl Tasks {
         Some(handle.spawn(self.counted(task)))
     }
 
+    /// Counts an acquisition from now on, until the returned value is dropped: a shutdown
+    /// waits for it. Check [`is_closing`](Self::is_closing) after this, never before: a
+    /// shutdown that began meanwhile then either is seen, or sees the acquisition counted.
+    pub(crate) fn acquisition(&self) -> Acquisition {
+        self.running.acquisitions.fetch_add(1, Ordering::AcqRel);
+        Acquisition { counted: Counted::new(&self.running) }
+    }
+
+    /// How many acquisitions are under way.
+    pub(crate) fn acquisitions(&self) -> usize {
+        self.running.acquisitions.load(Ordering::Acquire)
+    }
+
     /// Tells long-running tasks that the client shuts down.
     pub(crate) fn close(&self) {
         self.closing.send_replace(true);
@@ -127,12 +165,13 @@ impl Tasks {
         }
     }
 
-    /// How many tasks are under way.
+    /// How many tasks (and acquisitions) are under way.
     pub(crate) fn running(&self) -> usize {
         self.running.count.load(Ordering::Acquire)
     }
 
-    /// Waits until no task is under way or `deadline` passes; `true` when idle.
+    /// Waits until no task nor acquisition is under way or `deadline` passes; `true` when
+    /// idle.
     pub(crate) async fn idle_by(&self, deadline: Instant) -> bool {
         loop {
             let idle = self.running.idle.notified();

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use redis::Commands;
-use redlock::{ErrorKind, Redlock, Retry};
+use redlock::{ErrorKind, Redlock, Retry, WriterPriority};
 use redlock_testkit::{Cluster, Grant, History, RedisNode};
 
 /// On how many live, unpaused nodes the hash `key` has `field`.
@@ -291,6 +291,67 @@ async fn a_writer_is_not_starved_by_a_steady_stream_of_readers() {
     let violations = history.violations();
     assert!(violations.is_empty(), "{}", violations[0]);
     assert!(history.shared_overlaps() > 0, "the readers did share");
+}
+
+/// A waiting writer with the default priority behind a waiting writer of its own client
+/// that does not block readers: overlapping readers of another client do not starve it
+/// (the other writer's attempts cannot stand in for its own, which hold new readers back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preferred_writer_behind_its_clients_unprioritised_writer_is_not_starved() {
+    let cluster = common::cluster(3);
+    let stop = Arc::new(AtomicBool::new(false));
+    let reading = waiting_client(&cluster, Duration::from_millis(5), Duration::from_secs(10));
+    let readers: Vec<_> = (0..8)
+        .map(|reader| {
+            let (rl, stop) = (reading.clone(), stop.clone());
+            tokio::spawn(async move {
+                // Staggered starts, so that shares overlap rather than align.
+                tokio::time::sleep(Duration::from_millis(12 * reader)).await;
+                while !stop.load(Ordering::Relaxed) {
+                    // Refused while a writer waits or holds: the next try comes soon.
+                    let Ok(lock) = rl.read("doc").await else {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        continue;
+                    };
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    let _ = lock.release().await;
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let writers = common::builder(&cluster, Duration::from_millis(200)).build().unwrap();
+    let polling = |delay| {
+        Retry::new()
+            .with_unbounded_attempts()
+            .with_delay(delay)
+            .with_jitter(Duration::from_millis(2))
+            .with_max_wait(Duration::from_secs(3))
+    };
+    let unprioritised = tokio::spawn({
+        let writers = writers.clone();
+        let retry = polling(Duration::from_millis(5));
+        async move {
+            let request = writers.write("doc").priority(WriterPriority::None).retry(retry);
+            if let Ok(lock) = request.await {
+                lock.release().await.unwrap();
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let started = Instant::now();
+    let preferred = writers.write("doc").retry(polling(Duration::from_millis(20))).await;
+    let waited = started.elapsed();
+    let lock = preferred.unwrap_or_else(|err| panic!("starved for {waited:?}: {err}"));
+    lock.release().await.unwrap();
+    assert!(waited < Duration::from_secs(2), "the preferred writer waited {waited:?}");
+
+    stop.store(true, Ordering::Relaxed);
+    unprioritised.await.unwrap();
+    for reader in readers {
+        reader.await.unwrap();
+    }
 }
 
 /// Separate clients read and write one resource at random: no write overlaps any other

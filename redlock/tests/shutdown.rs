@@ -1,12 +1,15 @@
 //! `Redlock::shutdown`: a process that drops a lock and exits right after a shutdown leaves
-//! nothing behind; a paused node cannot hold the shutdown past its deadline, and is named;
-//! auto-extended locks are released and no new lock is taken.
+//! nothing behind, nor does one whose acquisition was under way when it shut down; a paused
+//! node cannot hold the shutdown past its deadline, and is named; auto-extended locks are
+//! released, no new lock is taken, an acquisition under way is taken back and a waiting
+//! call stops waiting.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
-use redlock::{ErrorKind, NodeOutcome, Redlock, Retry};
+use redlock::{ErrorKind, NodeOutcome, Redlock, Retry, WriterPriority};
+use redlock_testkit::FaultyCluster;
 
 /// The child's nodes, set only in the child process.
 const CHILD_NODES: &str = "REDLOCK_TEST_SHUTDOWN_CHILD_NODES";
@@ -53,6 +56,162 @@ fn a_process_that_drops_a_lock_and_shuts_down_leaves_no_key() {
         // The child exited; nothing of it runs any more: the key is gone everywhere.
         assert_eq!(cluster.nodes_with_key(CHILD_KEY).unwrap(), Vec::<usize>::new(), "{stderr}");
     }
+}
+
+const RACED_KEY: &str = "child:raced";
+
+/// The child process's `main`: starts a single attempt on nodes 60 ms away each way, shuts
+/// down 30 ms later, and exits as soon as the shutdown returns. Run by the test below.
+#[test]
+#[ignore = "the child process of a_process_that_shuts_down_during_an_acquisition_leaves_no_key"]
+fn child_shuts_down_during_an_acquisition_and_exits() {
+    let Ok(nodes) = std::env::var(CHILD_NODES) else { return };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let code = runtime.block_on(async {
+        let rl = common::builder_for(nodes.split(',').map(String::from).collect(), SLOW)
+            .build()
+            .unwrap();
+        common::connect_all(&rl).await;
+        let attempt = tokio::spawn({
+            let rl = rl.clone();
+            async move { rl.try_lock(RACED_KEY).await.map(drop) }
+        });
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let code = match rl.shutdown(Duration::from_secs(5)).await {
+            Ok(()) => 0,
+            Err(err) => {
+                eprintln!("shutdown: {err}");
+                1
+            }
+        };
+        // Whatever the attempt still had to do dies with the process.
+        drop(attempt);
+        code
+    });
+    std::process::exit(code);
+}
+
+/// A node timeout far above the 120 ms round trips of the slowed nodes.
+const SLOW: Duration = Duration::from_secs(2);
+
+/// A process shuts down while its single attempt is under way (3 nodes, 60 ms each way)
+/// and exits right after: the shutdown waited for the attempt, so whether it would have
+/// been granted or was refused (its clean-up still under way), nothing of it stays.
+#[test]
+fn a_process_that_shuts_down_during_an_acquisition_leaves_no_key() {
+    // Refused: another owner holds the key on nodes 0 and 1.
+    for mode in ["refused", "granted"] {
+        let faulty = FaultyCluster::start(3).unwrap();
+        let cluster = faulty.cluster();
+        if mode == "refused" {
+            for i in [0, 1] {
+                common::run(cluster, i, &["SET", RACED_KEY, "other", "PX", "30000"]);
+            }
+        }
+        for i in 0..3 {
+            faulty.proxy(i).set_fault(common::latency(60));
+        }
+        let output = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "child_shuts_down_during_an_acquisition_and_exits",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+            ])
+            .env(CHILD_NODES, faulty.urls().join(","))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{mode}: the child failed: {stderr}");
+        // Anything the child sent has landed by now.
+        std::thread::sleep(Duration::from_millis(500));
+        let expected: Vec<usize> = if mode == "refused" { vec![0, 1] } else { vec![] };
+        assert_eq!(cluster.nodes_with_key(RACED_KEY).unwrap(), expected, "{mode}: {stderr}");
+        assert_eq!(cluster.nodes_holding(RACED_KEY, "other"), expected, "{mode}");
+    }
+}
+
+/// Shutdown begins while an acquisition is under way (3 nodes, 60 ms each way), during its
+/// round or during the fencing round after its grant: it returns once the attempt is over,
+/// the attempt answers `Shutdown`, and nothing of it is left on any node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquisition_under_way_at_shutdown_is_taken_back_before_shutdown_returns() {
+    for (fenced, after) in [(false, 30), (true, 30), (true, 180)] {
+        let case = format!("fenced {fenced}, shutdown after {after} ms");
+        let faulty = FaultyCluster::start(3).unwrap();
+        let rl = common::builder_for(faulty.urls(), SLOW).build().unwrap();
+        common::connect_all(&rl).await;
+        for i in 0..3 {
+            faulty.proxy(i).set_fault(common::latency(60));
+        }
+        let attempt = tokio::spawn({
+            let rl = rl.clone();
+            async move {
+                let request = rl.try_lock("k");
+                if fenced { request.fenced().await } else { request.await }
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(after)).await;
+        rl.shutdown(Duration::from_secs(5)).await.unwrap();
+        let left = faulty.cluster().nodes_with_key("k").unwrap();
+        assert_eq!(left, Vec::<usize>::new(), "{case}: left when the shutdown returned");
+        let answer = tokio::time::timeout(Duration::from_secs(2), attempt).await.unwrap().unwrap();
+        assert_eq!(answer.unwrap_err().kind(), ErrorKind::Shutdown, "{case}");
+        // Nothing of it lands later either.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(faulty.cluster().nodes_with_key("k").unwrap(), Vec::<usize>::new(), "{case}");
+    }
+}
+
+/// A `lock()` waiting out a long pause when the client shuts down stops waiting: it answers
+/// `Shutdown` while the shutdown runs, and a waiting writer's intent is withdrawn from every
+/// node by the time the shutdown returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_lock_answers_shutdown_at_once_and_withdraws_its_intent() {
+    let cluster = common::cluster(3);
+    let holder = common::client(&cluster);
+    let rl = common::builder(&cluster, Duration::from_millis(200))
+        .retry(
+            Retry::new()
+                .with_unbounded_attempts()
+                .with_delay(Duration::from_secs(20))
+                .with_max_wait(Duration::from_secs(60)),
+        )
+        .build()
+        .unwrap();
+    let plain = holder.try_lock("plain").await.unwrap();
+    let read = holder.read("doc").await.unwrap();
+    let waiting_lock = tokio::spawn({
+        let rl = rl.clone();
+        async move { rl.lock("plain").await.map(drop) }
+    });
+    let waiting_writer = tokio::spawn({
+        let rl = rl.clone();
+        async move { rl.write("doc").priority(WriterPriority::Preferred).await.map(drop) }
+    });
+    let intent_everywhere = || {
+        let fields = cluster.hash_fields("doc").unwrap();
+        fields.iter().flatten().filter(|f| f.keys().any(|k| k.starts_with("i:"))).count() == 3
+    };
+    assert!(common::eventually(Duration::from_secs(5), intent_everywhere).await);
+    assert!(
+        common::eventually(Duration::from_secs(5), || common::set_calls(cluster.node(0)) > 1).await
+    );
+
+    let started = Instant::now();
+    rl.shutdown(Duration::from_secs(10)).await.unwrap();
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(5), "the shutdown took {took:?}");
+    let fields = cluster.hash_fields("doc").unwrap();
+    for node in fields.iter().flatten() {
+        assert!(node.keys().all(|k| !k.starts_with("i:")), "an intent stays: {fields:?}");
+    }
+    for waiting in [waiting_lock, waiting_writer] {
+        let answer = tokio::time::timeout(Duration::from_secs(1), waiting).await.unwrap().unwrap();
+        assert_eq!(answer.unwrap_err().kind(), ErrorKind::Shutdown);
+    }
+    plain.release().await.unwrap();
+    read.release().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

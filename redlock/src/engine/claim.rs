@@ -105,6 +105,9 @@ impl<P: Protocol> Claim<P> {
         fenced: bool,
     ) -> Result<(Self, Round), (Error, Round)> {
         let started_at = Instant::now();
+        // Counted before the check, and dropped after the claim (declared later): a
+        // shutdown waits for the round, the fencing round and the clean-up or take-back.
+        let _acquisition = core.tasks.acquisition();
         if core.tasks.is_closing() {
             let report = Round::none(core.nodes.len(), started_at);
             let message = "the client takes no new locks";
@@ -146,15 +149,26 @@ impl<P: Protocol> Claim<P> {
         round::finish(&core.tasks, rest);
         let err = match round.settled {
             Settled::Reached if round.decided_at < claim.deadline => {
-                if !fenced {
-                    claim.note_hold();
-                    return Ok((claim, round));
-                }
-                match fencing::fix_token(core, &proto.keys()[0], &claim.resource, claim.deadline)
-                    .await
-                {
-                    Ok(token) => {
-                        claim.fence = Some(token);
+                let fence = match fenced {
+                    false => Ok(None),
+                    true => {
+                        let key = &proto.keys()[0];
+                        fencing::fix_token(core, key, &claim.resource, claim.deadline)
+                            .await
+                            .map(Some)
+                    }
+                };
+                match fence {
+                    // Decided once the shutdown began, which waits for the take-back: the
+                    // caller may never see the lock, nor the process live to release it.
+                    Ok(_) if core.tasks.is_closing() => Error::round(
+                        ErrorKind::Shutdown,
+                        "the client shut down while the lock was being acquired: taken back",
+                        &claim.resource,
+                        round.report(&core.nodes),
+                    ),
+                    Ok(fence) => {
+                        claim.fence = fence;
                         claim.note_hold();
                         return Ok((claim, round));
                     }

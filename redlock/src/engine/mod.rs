@@ -58,14 +58,17 @@ impl Core {
 
 impl Core {
     /// Takes no new locks, has every auto-extended lock released, stops the notification
-    /// subscribers, and waits until `deadline` for the background work (releases above
-    /// all); fails naming the nodes where a release was still in flight or failed.
+    /// subscribers and the waits, and waits until `deadline` for the acquisitions under
+    /// way (each answers `Shutdown` and takes back what it set, unless decided before)
+    /// and the background work (releases above all); fails naming the nodes where a
+    /// release was still in flight or failed, and how many acquisitions were not over.
     pub(crate) async fn shutdown(&self, deadline: std::time::Instant) -> Result<()> {
         let started = std::time::Instant::now();
         let failed_before = self.undos.failures();
         self.tasks.close();
         self.releases.stop();
         self.tasks.idle_by(deadline).await;
+        let acquisitions = self.tasks.acquisitions();
         let failed_after = self.undos.failures();
         let in_flight = self.undos.in_flight();
         let outcomes: round::Outcomes = (0..self.nodes.len())
@@ -79,17 +82,29 @@ impl Core {
                 }
             })
             .collect();
-        if outcomes.iter().all(|o| *o == NodeOutcome::Ok) {
+        if acquisitions == 0 && outcomes.iter().all(|o| *o == NodeOutcome::Ok) {
             return Ok(());
         }
         let unclean: Vec<&str> = (self.nodes.iter().zip(&outcomes))
             .filter(|(_, outcome)| **outcome != NodeOutcome::Ok)
             .map(|(node, _)| &**node.name())
             .collect();
-        let message = format!(
-            "releases not confirmed on {}: their keys stay until their lease ends",
-            unclean.join(", ")
-        );
+        let mut problems = Vec::with_capacity(2);
+        if !unclean.is_empty() {
+            problems.push(format!(
+                "releases not confirmed on {}: their keys stay until their lease ends",
+                unclean.join(", ")
+            ));
+        }
+        if acquisitions > 0 {
+            // Their futures were not polled to their end (a blocked runtime, a future
+            // kept but no longer awaited): a process exiting now leaves what they set.
+            problems.push(format!(
+                "{acquisitions} acquisition(s) still under way: what they set stays until \
+                 their lease ends if the process exits before they answer"
+            ));
+        }
+        let message = problems.join("; ");
         let round = round::Round {
             outcomes,
             settled: crate::quorum::Settled::Failed(ErrorKind::Shutdown),
@@ -129,20 +144,22 @@ where
     let first = attempt();
     let kind = first.kind();
     let result = async {
+        // Dropped last (after the withdrawal's `GiveUp`): a shutdown waits for the wait,
+        // which it ends, and for the withdrawal sent when it ends.
+        let _acquisition = core.tasks.acquisition();
         let (ttl, fenced) = (plan.ttl, plan.fenced);
         let Some(retry) = &plan.retry else {
             return Claim::acquire(core, first, ttl, resource, fenced).await;
         };
         let keys = first.keys().clone();
-        let in_line = first.is_exclusive();
+        let request = notify::Request::of(&first);
         let generations = core.nodes.iter().map(|node| node.generation()).collect();
         let mut give_up =
             GiveUp { core, keys, resource: resource.clone(), withdrawal, generations };
         let mut next = Some(first);
         // Woken by the releases of the first key (a multi-resource lock's other keys are
         // found by the timer).
-        let keys = give_up.keys.clone();
-        let claim = wait::until_acquired(core, retry, &keys, in_line, || {
+        let claim = wait::until_acquired(core, retry, &request, || {
             let proto = next.take().unwrap_or_else(&mut attempt);
             Claim::acquire(core, proto, ttl, resource.clone(), fenced)
         })

@@ -32,7 +32,7 @@ use futures::StreamExt;
 use redis::{Client, RedisWrite, ToRedisArgs};
 use tokio::sync::{Notify, mpsc};
 
-use crate::engine::protocol::Keys;
+use crate::engine::protocol::{Keys, Protocol};
 use crate::node::Node;
 use crate::quorum;
 use crate::tasks::Tasks;
@@ -114,11 +114,55 @@ struct Channel {
 struct Waiter {
     woken: AtomicBool,
     notify: Notify,
-    /// Every key of the hold it waits for.
-    keys: Keys,
-    /// Whether that hold excludes every other.
-    exclusive: bool,
+    /// What its attempts ask for.
+    request: Request,
     attempts: Mutex<Attempts>,
+}
+
+/// What a waiter's attempts ask the nodes for, as far as another waiter's attempts could
+/// do it in their place.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Request {
+    /// The kind, as errors name it: kinds answer differently on one key.
+    kind: &'static str,
+    /// Every key of the hold.
+    keys: Keys,
+    /// Whether the hold excludes every other.
+    exclusive: bool,
+    /// Whether each attempt also records an intent that holds others back while the
+    /// waiter waits (a writer with the default priority).
+    intent: bool,
+}
+
+impl Request {
+    /// The request of `proto`'s attempts.
+    pub(crate) fn of<P: Protocol>(proto: &P) -> Self {
+        Self {
+            kind: proto.kind(),
+            keys: proto.keys().clone(),
+            exclusive: proto.is_exclusive(),
+            intent: proto.records_intent(),
+        }
+    }
+
+    /// Every key of the hold.
+    pub(crate) fn keys(&self) -> &Keys {
+        &self.keys
+    }
+
+    /// Whether the hold excludes every other.
+    pub(crate) fn is_exclusive(&self) -> bool {
+        self.exclusive
+    }
+
+    /// Whether attempts of this request may stand in for `other`'s: only when they are the
+    /// same request, of a hold that excludes every other. An attempt of another kind, on
+    /// other keys, or without the intent `other`'s would record, leaves undone what
+    /// `other`'s would do (a writer that records no intent standing in for one that does
+    /// would let readers starve both).
+    fn stands_in_for(&self, other: &Self) -> bool {
+        self.exclusive && self == other
+    }
 }
 
 /// A waiter's attempts, as the waiters behind it see them.
@@ -242,10 +286,10 @@ impl Releases {
         }
     }
 
-    /// Starts watching the releases of the first of `keys`, the keys of the hold waited
-    /// for (`exclusive` if it excludes every other); the subscribers start on the client's
-    /// own thread with the first watch.
-    pub(crate) fn watch(&self, keys: &Keys, exclusive: bool, tasks: &Tasks) -> ReleaseWatch {
+    /// Starts watching the releases of the first key of `request`, what the waiter's
+    /// attempts ask for; the subscribers start on the client's own thread with the first
+    /// watch.
+    pub(crate) fn watch(&self, request: &Request, tasks: &Tasks) -> ReleaseWatch {
         let subscribers = {
             let mut subscribers = self.subscribers.lock().unwrap_or_else(PoisonError::into_inner);
             if matches!(*subscribers, Subscribers::NotStarted) {
@@ -258,12 +302,11 @@ impl Releases {
             }
         };
         let subscribers = &subscribers;
-        let channel = channel(keys.first().map_or("", |key| &**key));
+        let channel = channel(request.keys.first().map_or("", |key| &**key));
         let waiter = Arc::new(Waiter {
             woken: AtomicBool::new(false),
             notify: Notify::new(),
-            keys: keys.clone(),
-            exclusive,
+            request: request.clone(),
             attempts: Mutex::new(Attempts {
                 started: Instant::now(),
                 took: Duration::ZERO,
@@ -351,26 +394,22 @@ impl ReleaseWatch {
 
     /// Whether this waiter's tick may pass without an attempt, which could only fail: a
     /// hold of this client that excludes every other is valid on the key (its release
-    /// wakes the first waiter), or the first of this client's waiters in line stands in
-    /// for this one: it is another one, both holds exclude every other, it needs no key
-    /// this one does not, its last attempt found the keys held, and it started one since
-    /// `since` (this one's attempt could then only fail where the first one's did).
-    /// Returns how long the attempt it stands for took: none for the hold, the first
-    /// waiter's last one otherwise.
+    /// wakes the first waiter) and this waiter's attempts record no intent, or the first of this client's waiters in line stands in
+    /// for this one: it is another one, its attempts are the same request (see
+    /// [`Request::stands_in_for`]), its last attempt found the keys held, and it started
+    /// one since `since` (this one's attempt could then only fail where the first one's
+    /// did, and would do nothing the first one's did not). Returns how long the attempt it
+    /// stands for took: none for the hold, the first waiter's last one otherwise.
     pub(crate) fn stand_in(&self, since: Instant) -> Option<Duration> {
         let registry = lock(&self.registry);
         let watched = registry.channels.get(&self.channel)?;
-        if watched.held.is_some_and(|until| Instant::now() < until) {
+        // Its failed attempts renew the intent that holds readers back at the hold's
+        // release: they are not for nothing.
+        if !self.waiter.request.intent && watched.held.is_some_and(|until| Instant::now() < until) {
             return Some(Duration::ZERO);
         }
-        if !self.waiter.exclusive {
-            return None;
-        }
         let front = watched.waiters.front()?;
-        if Arc::ptr_eq(front, &self.waiter)
-            || !front.exclusive
-            || !front.keys.iter().all(|key| self.waiter.keys.contains(key))
-        {
+        if Arc::ptr_eq(front, &self.waiter) || !front.request.stands_in_for(&self.waiter.request) {
             return None;
         }
         let attempts = lock(&front.attempts);
@@ -518,6 +557,31 @@ mod tests {
         channel.held = Some(in_a_while);
         channel.counted_release();
         assert_eq!(channel.held, None);
+    }
+
+    #[test]
+    fn a_waiter_stands_in_only_for_the_same_exclusive_request() {
+        let request = |kind, keys: &[&str], exclusive, intent| Request {
+            kind,
+            keys: keys.iter().map(|&key| Arc::from(key)).collect(),
+            exclusive,
+            intent,
+        };
+        let preferred = request("write lock", &["doc"], true, true);
+        assert!(preferred.stands_in_for(&preferred.clone()), "another preferred writer");
+        let plain = request("lock", &["doc"], true, false);
+        assert!(plain.stands_in_for(&plain.clone()), "another plain lock");
+        let unprioritised = request("write lock", &["doc"], true, false);
+        assert!(!unprioritised.stands_in_for(&preferred), "records no intent for it");
+        assert!(!preferred.stands_in_for(&unprioritised), "records an intent it would not");
+        assert!(!plain.stands_in_for(&unprioritised), "another kind");
+        let multi = request("multi-resource lock", &["doc", "other"], true, false);
+        assert!(!plain.stands_in_for(&multi), "another kind, fewer keys");
+        let more_keys = request("lock", &["doc", "other"], true, false);
+        assert!(!plain.stands_in_for(&more_keys), "fewer keys");
+        assert!(!more_keys.stands_in_for(&plain), "more keys");
+        let reader = request("read lock", &["doc"], false, false);
+        assert!(!reader.stands_in_for(&reader.clone()), "a share excludes no one");
     }
 
     #[test]

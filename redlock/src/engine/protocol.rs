@@ -129,6 +129,13 @@ pub(crate) trait Protocol: Send + Sync + 'static {
     fn holders(&self) -> Vec<(usize, Arc<str>)> {
         Vec::new()
     }
+
+    /// Whether an acquisition also records, on the nodes that refuse it, an intent that
+    /// holds others back while its waiter waits (a writer with the default priority): a
+    /// refused attempt still does something, which no other waiter's attempt does for it.
+    fn records_intent(&self) -> bool {
+        false
+    }
 }
 
 /// The reading shared by the scripts that answer `1` (done), `2` (done, notification

@@ -14,23 +14,27 @@
 //! costs both of them a round.
 //!
 //! A waiter for an exclusive hold behind another of this client's waiters lets a tick of
-//! its timer pass without an attempt when the first waiter in line stands in for it: an
-//! exclusive hold too, of no key this one does not also need, whose last attempt found
-//! the keys held (no node said yes), and which started an attempt since this one's last
-//! tick. Its attempt could only fail where the first one's did, or split the votes with it
-//! at a handoff. A tick let pass counts against `max_attempts` and is paced like an
-//! attempt (the pause plus the first waiter's last attempt), so that the policy bounds the
-//! wait as it would have, and the last tick it allows is always a real attempt. A first
-//! waiter that fails for another reason, polls more slowly, or stopped (its runtime
-//! blocked, its future no longer polled) stands in for no one. Release notifications wake
-//! the first waiter only, and one that got the lock does not hand on a wake-up from a
-//! release before its grant.
+//! its timer pass without an attempt when the first waiter in line stands in for it: its
+//! attempts are the same request (the same kind, the same keys, and an intent recorded by
+//! both or neither), its last attempt found the keys held (no node said yes), and it
+//! started an attempt since this one's last tick. Its attempt could only fail where the
+//! first one's did, or split the votes with it at a handoff, and would do nothing the first
+//! one's did not: a writer that records no intent standing in for one that does would let a
+//! stream of readers starve both. A tick let pass counts against `max_attempts` and is
+//! paced like an attempt (the pause plus the first waiter's last attempt), so that the
+//! policy bounds the wait as it would have, and the last tick it allows is always a real
+//! attempt. A first waiter that fails for another reason, polls more slowly, or stopped
+//! (its runtime blocked, its future no longer polled) stands in for no one. Release
+//! notifications wake the first waiter only, and one that got the lock does not hand on a
+//! wake-up from a release before its grant.
 //!
 //! Every waiter's tick also passes without an attempt while a hold of this client that
-//! excludes every other is valid on the key (granted or extended while the waiter
-//! watched, not released since): the attempt could only fail, and that hold's release
-//! wakes the first waiter like any release. Once the hold's validity is over (a guard
-//! forgotten, a holder gone quiet), the ticks try again.
+//! excludes every other is valid on the key (granted or extended while the waiter watched,
+//! not released since): the attempt could only fail, and that hold's release wakes the
+//! first waiter like any release. A writer whose attempts record an intent keeps
+//! attempting: its refused attempts keep the intent that holds readers back once that hold
+//! is released. Once the hold's validity is over (a guard forgotten, a holder gone quiet),
+//! the ticks try again.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -40,27 +44,27 @@ use crate::error::{ErrorKind, Result};
 use crate::retry::{self, Retry};
 
 use super::Core;
-use super::notify::ReleaseWatch;
-use super::protocol::Keys;
+use super::notify::{ReleaseWatch, Request};
 
 /// How many quick retries a lost split gets per release.
 const SPLIT_RETRIES: u32 = 3;
 
 /// Runs `attempt` until it succeeds, fails for good, or `retry` gives up; between attempts,
-/// waits for a release of the first of `keys` (the hold's keys) or the policy's pause.
-/// With `in_line` (a hold that excludes every other), it first waits behind this client's
-/// waiters already in line for that key, if any, and lets them stand in for its ticks.
+/// waits for a release of the first key of `request` (what the attempts ask for) or the
+/// policy's pause. For a hold that excludes every other, it first waits behind this
+/// client's waiters already in line for that key, if any, and lets the first one stand in
+/// for its ticks while that one's attempts are the same request.
 pub(crate) async fn until_acquired<T, F, Fut>(
     core: &Arc<Core>,
     retry: &Retry,
-    keys: &Keys,
-    in_line: bool,
+    request: &Request,
     mut attempt: F,
 ) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T>>,
 {
+    let (keys, in_line) = (request.keys(), request.is_exclusive());
     let first = Instant::now();
     let mut counted = 0u32;
     let mut woken = false;
@@ -69,7 +73,7 @@ where
     // Subscribed after the first failure only: an uncontended lock costs no subscription.
     let mut releases: Option<ReleaseWatch> = None;
     if in_line && keys.first().is_some_and(|key| core.releases.has_waiters(key)) {
-        let watch = releases.insert(core.releases.watch(keys, in_line, &core.tasks));
+        let watch = releases.insert(core.releases.watch(request, &core.tasks));
         // Bounded like any wait: a lost notification costs one pause, not the lock.
         let pause = retry.next_pause(0, Duration::ZERO).unwrap_or_default();
         let mut due = after(pause);
@@ -119,7 +123,7 @@ where
             Some(watch) => watch,
             // Subscribed once it waits: a policy that gives up at once costs no subscription.
             None => {
-                let watch = releases.insert(core.releases.watch(keys, in_line, &core.tasks));
+                let watch = releases.insert(core.releases.watch(request, &core.tasks));
                 watch.attempted(took, held);
                 watch
             }
@@ -134,8 +138,9 @@ where
 /// first waiter in line stands in (see [`ReleaseWatch::stand_in`]) passes without an
 /// attempt: it counts in `counted`, and `due` becomes the next tick's time, paced like an
 /// attempt (of at most a node timeout), unless the policy allows no tick after that one
-/// within its bounds. Once the client shuts down, every tick is an attempt (which fails
-/// at once).
+/// within its bounds. The client's shutdown ends the wait for the tick at once, and every
+/// tick after it is an attempt (which fails at once with `Shutdown`): a shutdown waits for
+/// waits, so none may sleep through it.
 async fn next_turn(
     watch: &ReleaseWatch,
     core: &Core,
@@ -149,6 +154,7 @@ async fn next_turn(
         tokio::select! {
             () = watch.released() => return true,
             () = tokio::time::sleep_until((*due).into()) => {}
+            () = core.tasks.closed() => return false,
         }
         if core.tasks.is_closing() {
             return false;

@@ -102,6 +102,10 @@ impl Protocol for Share {
         self.mode == Mode::Write
     }
 
+    fn records_intent(&self) -> bool {
+        self.intent.is_some()
+    }
+
     fn identity(&self) -> &Identity {
         &self.id
     }

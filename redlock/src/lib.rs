@@ -152,6 +152,7 @@
 pub mod bench_internals;
 mod builder;
 mod client;
+mod clock;
 mod command;
 mod config;
 mod engine;
@@ -174,6 +175,8 @@ mod secret;
 mod server;
 mod tasks;
 mod telemetry;
+#[doc(hidden)]
+pub mod test_hooks;
 mod token;
 
 pub use crate::builder::RedlockBuilder;

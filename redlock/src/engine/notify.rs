@@ -360,7 +360,7 @@ impl ReleaseWatch {
     pub(crate) fn stand_in(&self, since: Instant) -> Option<Duration> {
         let registry = lock(&self.registry);
         let watched = registry.channels.get(&self.channel)?;
-        if watched.held.is_some_and(|until| Instant::now() < until) {
+        if watched.held.is_some_and(|until| crate::clock::now() < until) {
             return Some(Duration::ZERO);
         }
         if !self.waiter.exclusive {

@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 
 /// The longest a timer guarding a deadline sleeps before it reads the clock again: how
 /// late, at most, it notices a suspend that ate its lease (its Tokio timer does not count
-/// the suspend). A wake costs about a microsecond; four a second per watched lease is
-/// nothing next to the extensions' round trips.
+/// the suspend). Measured (`lease::tests::cost_of_watching_leases_for_a_suspend`, release
+/// build): 0.84 µs a wake; 1000 leases watched by `lost()` cost 0.34% of a core.
 #[cfg(any(target_os = "linux", target_os = "android"))]
 pub(crate) const WAKE_CHECK: Duration = Duration::from_millis(250);
 
@@ -52,7 +52,8 @@ static SUSPENDED: AtomicU64 = AtomicU64::new(0);
 /// Suspended time injected by the test hook, in nanoseconds (only ever grows).
 static INJECTED: AtomicU64 = AtomicU64::new(0);
 
-/// Now, on the lease clock.
+/// Now, on the lease clock. About 0.1 µs (three clock reads) against `Instant::now()`'s
+/// 0.02 µs (`tests::cost_of_a_read`, release build): a few per round trip of a lock.
 pub(crate) fn now() -> Instant {
     let (instant, suspended) = read();
     instant.checked_add(suspended).unwrap_or(instant)

@@ -480,4 +480,37 @@ mod tests {
         let noticed = woke.elapsed();
         assert!(noticed < clock::WAKE_CHECK + Duration::from_secs(3), "{noticed:?}");
     }
+
+    /// Measures what watching leases costs while nothing happens: 1000 `lost()` futures on
+    /// one thread for five seconds, each waking every `clock::WAKE_CHECK` to notice a
+    /// suspend (run with `--ignored --nocapture`, Linux).
+    #[tokio::test]
+    #[ignore = "a measurement, not a check"]
+    async fn cost_of_watching_leases_for_a_suspend() {
+        fn cpu() -> Duration {
+            let stat = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap();
+            Duration::from_nanos(stat.split_whitespace().next().unwrap().parse().unwrap())
+        }
+        const LEASES: u32 = 1000;
+        const FOR: Duration = Duration::from_secs(5);
+        let (lease, _sender) = lease(clock::now() + Duration::from_secs(3600));
+        let watchers: Vec<_> = (0..LEASES)
+            .map(|_| {
+                let lease = lease.clone();
+                tokio::spawn(async move { lease.lost().await })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        let before = cpu();
+        tokio::time::sleep(FOR).await;
+        let used = cpu() - before;
+        let wakes = LEASES
+            * u32::try_from((FOR.as_millis() / clock::WAKE_CHECK.as_millis()).max(1)).unwrap();
+        println!(
+            "{LEASES} watched leases for {FOR:?}: {used:?} of CPU ({:.2}% of a core), {:?} per wake",
+            used.as_secs_f64() / FOR.as_secs_f64() * 100.0,
+            used / wakes
+        );
+        watchers.iter().for_each(|w| w.abort());
+    }
 }

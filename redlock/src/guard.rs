@@ -11,13 +11,16 @@ use crate::error::Result;
 /// needed only for code generic over the kinds (as [`AutoLock`](crate::AutoLock) is).
 ///
 /// Sealed: only this crate's guards implement it.
-pub trait Guard: Send + Sync + std::fmt::Debug + sealed::Sealed + 'static {
+pub trait Guard:
+    Send + Sync + std::fmt::Debug + sealed::Sealed + sealed::Internal + 'static
+{
     /// The resource name, as passed to the lock call (a multi-resource lock's names joined
     /// by `", "`).
     fn resource(&self) -> &str;
     /// The random token that identifies this hold on the nodes.
     fn token(&self) -> &str;
-    /// The instant at which the validity ends.
+    /// The instant at which the validity ends, on [`Instant`]'s clock as of this call; see
+    /// [`Lock::deadline`](crate::Lock::deadline).
     fn deadline(&self) -> Instant;
     /// What remains of the lease, counting down; [`Duration::ZERO`] once it is over.
     fn validity(&self) -> Duration;
@@ -40,6 +43,13 @@ pub trait Guard: Send + Sync + std::fmt::Debug + sealed::Sealed + 'static {
 pub(crate) mod sealed {
     /// Keeps [`Guard`](super::Guard) implemented by this crate's guards only.
     pub trait Sealed {}
+
+    /// What of a guard only this crate may call.
+    pub trait Internal {
+        /// The deadline on the lease clock (see `clock`), which
+        /// [`Guard::deadline`](super::Guard::deadline) converts for the user.
+        fn lease_deadline(&self) -> std::time::Instant;
+    }
 }
 
 /// Defines a guard type over a [`Claim`](crate::engine::Claim) of protocol `$proto`, with the
@@ -64,6 +74,12 @@ macro_rules! guard {
         }
 
         impl $crate::guard::sealed::Sealed for $name {}
+
+        impl $crate::guard::sealed::Internal for $name {
+            fn lease_deadline(&self) -> ::std::time::Instant {
+                self.claim.deadline()
+            }
+        }
 
         impl $name {
             pub(crate) fn from_claim(claim: $crate::engine::Claim<$proto>) -> Self {
@@ -93,9 +109,12 @@ macro_rules! guard {
                 self.claim.validity()
             }
 
-            /// The instant at which the validity ends.
+            /// The instant at which the validity ends, on [`Instant`](std::time::Instant)'s
+            /// clock as of this call: compare it with `Instant::now()` soon after. Where the
+            /// validity counts the time the machine spends suspended (Linux, Android: see
+            /// the crate's "What is guaranteed"), a suspend moves it earlier.
             pub fn deadline(&self) -> ::std::time::Instant {
-                self.claim.deadline()
+                $crate::clock::on_std(self.claim.deadline())
             }
 
             /// Whether the validity has not run out yet.

@@ -40,7 +40,8 @@
 //! decision took (2 ms at most, rounded up to the timer's millisecond tick), and not from a
 //! node that answered only after such a wait, or not at all, for a second or until it
 //! answers in time. A granted lock is valid for `ttl - elapsed - (ttl x drift_factor + 2 ms)`,
-//! timed from the attempt's own start with a monotonic clock; a quorum that took the whole
+//! timed from the attempt's own start with a monotonic clock that counts the time the
+//! machine is suspended where the platform allows (see below); a quorum that took the whole
 //! lease is refused ([`ErrorKind::Expired`]). A refused attempt releases its token on every
 //! node that may hold it, including nodes that never answered: the release is queued on the
 //! same connection behind the `SET`, so it also reaches a `SET` that lands late.
@@ -66,6 +67,26 @@
 //!   service for longer than the longest lease.
 //! - **Clocks.** Redis expires keys by its wall clock; a clock jump on a node shortens the
 //!   leases stored there.
+//! - **Suspend.** The nodes' clocks run on while the client's machine is suspended, so
+//!   their keys expire meanwhile. Every validity, deadline and lost-lock signal is counted
+//!   on a clock that counts that time where the platform has one:
+//!   - Linux and Android: `CLOCK_BOOTTIME` (read through `nix`, no `unsafe`). A suspend
+//!     (to RAM or disk, or a VM suspended through its guest's kernel) shortens the validity
+//!     by its length; one past the lease ends it: `validity()` reads zero at once,
+//!     [`Lease::lost`] completes within a quarter of a second of the wake (its timer,
+//!     which does not count the suspend, re-reads the clock that often), `extend()` and
+//!     `release()` answer `NotHeld`, and [`with_lock`](Redlock::with_lock) does not answer
+//!     `Ok`. A lease is up to a millisecond shorter than the plain monotonic clock would
+//!     make it (the suspended time is rounded up). A VM paused by its hypervisor without
+//!     the guest's kernel knowing moves no guest clock: that is a pause, as above.
+//!   - Everywhere else: [`std::time::Instant`]. On macOS and iOS it is
+//!     `CLOCK_UPTIME_RAW`, which stops while the machine sleeps: a holder that sleeps past
+//!     its lease wakes with its validity still running, as after any pause. On Windows it
+//!     is `QueryPerformanceCounter`, reported to keep counting through sleep (not checked
+//!     by our tests). Other platforms: whatever their monotonic clock does.
+//!
+//!   [`Lock::deadline`] and [`Lease::deadline`] give the instant on `Instant`'s clock as of
+//!   the call: a suspend moves it earlier.
 //!
 //! Use Redlock for efficiency (avoiding duplicate work) without fencing, and for
 //! correctness only together with a resource that rejects stale fencing tokens.
@@ -155,6 +176,7 @@
 pub mod bench_internals;
 mod builder;
 mod client;
+mod clock;
 mod command;
 mod config;
 mod engine;
@@ -177,6 +199,8 @@ mod secret;
 mod server;
 mod tasks;
 mod telemetry;
+#[doc(hidden)]
+pub mod test_hooks;
 mod token;
 
 pub use crate::builder::RedlockBuilder;

@@ -203,7 +203,7 @@ impl Node {
             notify_refused: AtomicBool::new(false),
             late_until: AtomicU64::new(0),
             hung_until: AtomicU64::new(0),
-            epoch: Instant::now(),
+            epoch: crate::clock::now(),
             servers,
         }
     }
@@ -262,7 +262,7 @@ impl Node {
     /// Records how a request to the node ended: it timed out (`true`), or the node answered
     /// it, whatever the answer.
     pub(crate) fn set_hung(&self, timed_out: bool) {
-        self.mark(&self.hung_until, timed_out, Instant::now());
+        self.mark(&self.hung_until, timed_out, crate::clock::now());
     }
 
     /// Whether the mark `until` (nanoseconds from `epoch`, 0 when unset) holds at `now`.
@@ -640,7 +640,7 @@ mod tests {
 
     #[test]
     fn a_late_node_is_late_for_a_second_or_until_it_answers_in_time() {
-        let (node, at) = (node(), Instant::now());
+        let (node, at) = (node(), crate::clock::now());
         assert!(!node.is_late(at));
         node.set_late(true, at);
         assert!(node.is_late(at + LATE_FOR - Duration::from_millis(1)));
@@ -653,10 +653,10 @@ mod tests {
     #[test]
     fn a_hung_node_stays_hung_until_it_answers_not_while_it_is_unreachable() {
         let node = node();
-        assert!(!node.is_hung(Instant::now()));
+        assert!(!node.is_hung(crate::clock::now()));
         node.set_hung(true);
-        assert!(node.is_hung(Instant::now()));
-        assert!(!node.is_hung(Instant::now() + LATE_FOR), "waited for again after a while");
+        assert!(node.is_hung(crate::clock::now()));
+        assert!(!node.is_hung(crate::clock::now() + LATE_FOR), "waited for again after a while");
         let reply = |value| Reply { value, resent: false, written: true };
         // A dead node's quick refusals say nothing of whether requests that reach it stall
         // (an acquisition queued behind its clean-ups' retries times out).
@@ -667,6 +667,6 @@ mod tests {
         assert_eq!(reply(Err(busy)).hangs(), Some(false), "an error reply is an answer");
         assert_eq!(reply(Ok(Value::Okay)).hangs(), Some(false));
         node.set_hung(false);
-        assert!(!node.is_hung(Instant::now()));
+        assert!(!node.is_hung(crate::clock::now()));
     }
 }

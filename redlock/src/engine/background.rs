@@ -226,7 +226,7 @@ impl Retries {
     fn again<M: Remake>(&mut self, i: usize, undos: &Undos<M>) -> bool {
         let Some(pause) = self.pauses.get_mut(i) else { return false };
         let wait = *pause;
-        if Instant::now() + wait >= undos.until {
+        if crate::clock::now() + wait >= undos.until {
             return false;
         }
         *pause = (wait * 2).min(MAX_PAUSE);

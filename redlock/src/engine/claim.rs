@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use smallvec::{SmallVec, smallvec};
 use tracing::Instrument;
 
+use crate::clock;
 use crate::command::Command;
 use crate::config::Ttl;
 use crate::error::{Error, ErrorKind, NodeOutcome, Result};
@@ -104,7 +105,7 @@ impl<P: Protocol> Claim<P> {
         resource: Arc<str>,
         fenced: bool,
     ) -> Result<(Self, Round), (Error, Round)> {
-        let started_at = Instant::now();
+        let started_at = clock::now();
         // Counted before the check, and dropped after the claim (declared later): a
         // shutdown waits for the round, the fencing round and the clean-up or take-back.
         let _acquisition = core.tasks.acquisition();
@@ -254,7 +255,7 @@ impl<P: Protocol> Claim<P> {
             done.then_some(Settled::Reached)
         };
         let requests = round::Rest::new(&slots, requests);
-        let (round, rest) = round::run_until(requests, outcomes, Instant::now(), answered).await;
+        let (round, rest) = round::run_until(requests, outcomes, clock::now(), answered).await;
         self.finish_undos(rest, &round, tracked, (Op::CleanUp, &command), "clean-up");
         self.armed = false;
     }
@@ -277,7 +278,7 @@ impl<P: Protocol> Claim<P> {
         if !self.is_valid() {
             return Err(self.local_error(ErrorKind::NotHeld, "validity is over: not extending"));
         }
-        let started_at = Instant::now();
+        let started_at = clock::now();
         self.expires_by = self.expires_by.max(started_at + ttl.duration());
         let command = Arc::new(self.proto.command(Op::Extend, ttl));
         let requests = self.everywhere(Op::Extend, &command);
@@ -327,7 +328,7 @@ impl<P: Protocol> Claim<P> {
     /// counted here, once.
     fn lose(&mut self) {
         self.count_end_unawaited(ErrorKind::NotHeld.as_str());
-        self.deadline = self.deadline.min(Instant::now());
+        self.deadline = self.deadline.min(clock::now());
         self.lost = true;
         // Tells this client's waiters, as any release does: they try again, and a release
         // of the key counted on a quorum within a node timeout is taken for this one.
@@ -343,7 +344,7 @@ impl<P: Protocol> Claim<P> {
             return Err(self.local_error(ErrorKind::NotHeld, LOST));
         }
         let kind = self.proto.kind();
-        telemetry::held(kind, self.since.elapsed());
+        telemetry::held(kind, clock::since(self.since));
         let result = self.release_round().await;
         telemetry::released(
             kind,
@@ -392,7 +393,7 @@ impl<P: Protocol> Claim<P> {
             }),
         );
         let (round, rest) =
-            round::run(requests, Instant::now(), quorum::settle_hold, &self.core.nodes).await;
+            round::run(requests, clock::now(), quorum::settle_hold, &self.core.nodes).await;
         round::finish(&self.core.tasks, rest);
         match round.settled {
             Settled::Reached => Ok(true),
@@ -421,7 +422,7 @@ impl<P: Protocol> Claim<P> {
             self.note_releasing();
         }
         let (round, rest) =
-            round::run(requests, Instant::now(), quorum::settle_hold, &self.core.nodes).await;
+            round::run(requests, clock::now(), quorum::settle_hold, &self.core.nodes).await;
         (round, rest, tracked)
     }
 
@@ -449,7 +450,7 @@ impl<P: Protocol> Claim<P> {
 
     /// Counts the hold's end and its release, sent in the background, as `outcome`.
     fn count_end_unawaited(&self, outcome: &'static str) {
-        telemetry::held(self.proto.kind(), self.since.elapsed());
+        telemetry::held(self.proto.kind(), clock::since(self.since));
         telemetry::released(self.proto.kind(), outcome);
     }
 
@@ -539,7 +540,7 @@ impl<P: Protocol> Claim<P> {
         let requests = self.everywhere(Op::Release, &command);
         let tracked = self.track(&requests);
         self.note_releasing();
-        let unsent = Round::none(self.core.nodes.len(), Instant::now());
+        let unsent = Round::none(self.core.nodes.len(), clock::now());
         self.finish_undos(requests, &unsent, tracked, (Op::Release, &command), "release");
     }
 
@@ -560,11 +561,11 @@ impl<P: Protocol> Claim<P> {
     }
 
     pub(crate) fn validity(&self) -> Duration {
-        self.deadline.saturating_duration_since(Instant::now())
+        self.deadline.saturating_duration_since(clock::now())
     }
 
     pub(crate) fn is_valid(&self) -> bool {
-        Instant::now() < self.deadline
+        clock::now() < self.deadline
     }
 
     /// The lease of the last grant or extension, as sent to Redis.

@@ -118,7 +118,7 @@ where
             request.send(core, read.clone())
         }),
     );
-    let (round, rest) = round::run(requests, Instant::now(), settle, &core.nodes).await;
+    let (round, rest) = round::run(requests, crate::clock::now(), settle, &core.nodes).await;
     round::finish(&core.tasks, rest);
     round
 }

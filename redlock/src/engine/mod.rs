@@ -220,7 +220,7 @@ impl Drop for GiveUp<'_> {
         let undos = background::Undos {
             core: core.clone(),
             remake,
-            until: std::time::Instant::now() + core.config.ttl.duration(),
+            until: crate::clock::now() + core.config.ttl.duration(),
             what: "withdrawal",
             resource: self.resource.clone(),
             generations: self.generations.clone(),

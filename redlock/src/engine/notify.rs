@@ -405,7 +405,9 @@ impl ReleaseWatch {
         let watched = registry.channels.get(&self.channel)?;
         // Its failed attempts renew the intent that holds readers back at the hold's
         // release: they are not for nothing.
-        if !self.waiter.request.intent && watched.held.is_some_and(|until| Instant::now() < until) {
+        if !self.waiter.request.intent
+            && watched.held.is_some_and(|until| crate::clock::now() < until)
+        {
             return Some(Duration::ZERO);
         }
         let front = watched.waiters.front()?;

@@ -13,6 +13,7 @@ use futures::future::{JoinAll, join_all};
 use pin_project_lite::pin_project;
 use smallvec::{SmallVec, smallvec};
 
+use crate::clock;
 use crate::error::{NodeOutcome, NodeReport, RoundReport};
 use crate::node::Node;
 use crate::quorum::{self, Settled, Tally};
@@ -204,7 +205,7 @@ pub(crate) async fn run_acquire<F>(
 where
     F: Future<Output = (usize, NodeOutcome)>,
 {
-    let now = Instant::now();
+    let now = clock::now();
     let hung: SmallVec<[usize; 7]> = (0..nodes.len()).filter(|&i| nodes[i].is_hung(now)).collect();
     run_and_linger(requests, started_at, nodes, |tally, outcomes| {
         let pending = |&i: &usize| outcomes.get(i) == Some(&NodeOutcome::Pending);
@@ -286,7 +287,7 @@ async fn await_stragglers<F>(
             round.outcomes[i] = outcome;
             round.lingered.push(i);
         }
-        round.decided_at = Instant::now();
+        round.decided_at = clock::now();
     }
     let now = round.decided_at;
     for (i, (node, outcome)) in nodes.iter().zip(&round.outcomes).enumerate() {
@@ -323,7 +324,7 @@ where
         tally.add(&outcome);
         outcomes[i] = outcome;
     };
-    let decided_at = Instant::now();
+    let decided_at = clock::now();
     // Answers already in are collected without waiting: replies often arrive together, and
     // a rest that is over needs no task of its own.
     while let Some((i, outcome)) = in_flight.take_ready() {
@@ -447,7 +448,7 @@ mod tests {
         let started = tokio::time::Instant::now();
         let outcomes = smallvec![NodeOutcome::Pending; delays.len()];
         let (mut round, mut rest) =
-            run_until(delayed(delays), outcomes, Instant::now(), |tally, _| {
+            run_until(delayed(delays), outcomes, clock::now(), |tally, _| {
                 quorum::settle_acquire(tally)
             })
             .await;
@@ -464,7 +465,7 @@ mod tests {
         assert_eq!(left, 0, "no request left for a task of its own");
         assert!(round.outcomes.iter().all(|o| *o == NodeOutcome::Ok), "{:?}", round.outcomes);
         assert_eq!(took, Duration::from_millis(7), "over with the last answer");
-        assert!(nodes.iter().all(|node| !node.is_late(Instant::now())));
+        assert!(nodes.iter().all(|node| !node.is_late(clock::now())));
     }
 
     #[tokio::test(start_paused = true)]
@@ -476,17 +477,17 @@ mod tests {
         assert_eq!((left, took), (1, Duration::from_millis(2)));
         assert_eq!(round.outcomes[3], NodeOutcome::Ok);
         assert_eq!(round.outcomes[4], NodeOutcome::Pending);
-        assert!(nodes[4].is_late(Instant::now()) && !nodes[3].is_late(Instant::now()));
+        assert!(nodes[4].is_late(clock::now()) && !nodes[3].is_late(clock::now()));
         // Node 4 is late: the next round does not wait for it at all.
         let (_, took, left) =
             round_of(&[Some(1), Some(1), Some(1), Some(1), None], &nodes, 1).await;
         assert_eq!((left, took), (1, Duration::from_millis(1)));
-        assert!(nodes[4].is_late(Instant::now()), "still late: it did not answer in time");
+        assert!(nodes[4].is_late(clock::now()), "still late: it did not answer in time");
         // It answers within a decision again: waited for once more.
         let (_, _, left) =
             round_of(&[Some(1), Some(1), Some(1), Some(1), Some(1)], &nodes, 1).await;
         assert_eq!(left, 0);
-        assert!(!nodes[4].is_late(Instant::now()));
+        assert!(!nodes[4].is_late(clock::now()));
     }
 
     #[tokio::test(start_paused = true)]
@@ -503,11 +504,11 @@ mod tests {
         );
         let outcomes = smallvec![NodeOutcome::Pending; 3];
         let (mut round, mut rest) =
-            run_until(requests, outcomes, Instant::now(), |tally, _| quorum::settle_acquire(tally))
+            run_until(requests, outcomes, clock::now(), |tally, _| quorum::settle_acquire(tally))
                 .await;
         await_stragglers(&mut round, &mut rest, &nodes[..3], Duration::from_millis(5)).await;
-        assert!(nodes[1].is_late(Instant::now()), "timed out: not answered in time");
-        assert!(!nodes[0].is_late(Instant::now()) && !nodes[2].is_late(Instant::now()));
+        assert!(nodes[1].is_late(clock::now()), "timed out: not answered in time");
+        assert!(!nodes[0].is_late(clock::now()) && !nodes[2].is_late(clock::now()));
     }
 
     /// The timer ticks by the millisecond: a wait of a few microseconds lasts until the
@@ -538,13 +539,13 @@ mod tests {
         });
         let outcomes = smallvec![NodeOutcome::Pending; 3];
         let (mut round, mut rest) =
-            run_until(requests, outcomes, Instant::now(), |tally, _| quorum::settle_acquire(tally))
+            run_until(requests, outcomes, clock::now(), |tally, _| quorum::settle_acquire(tally))
                 .await;
         await_stragglers(&mut round, &mut rest, &nodes, Duration::from_micros(50)).await;
         sender.join().unwrap();
         // Taken within the timer's tick, or left pending past it: late either way.
-        assert!(nodes[2].is_late(Instant::now()), "{:?}", round.outcomes);
-        assert!(!nodes[0].is_late(Instant::now()) && !nodes[1].is_late(Instant::now()));
+        assert!(nodes[2].is_late(clock::now()), "{:?}", round.outcomes);
+        assert!(!nodes[0].is_late(clock::now()) && !nodes[1].is_late(clock::now()));
     }
 
     #[test]

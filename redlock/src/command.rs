@@ -290,10 +290,10 @@ mod tests {
 
     #[test]
     fn a_command_refused_in_a_script_is_named_with_noperm() {
-        // Line 3 of the inspect script calls TYPE.
+        // Line 5 of the inspect script calls TYPE.
         let said = format!(
             "ERR The user executing the script can't run this command or subcommand script: \
-             {}, on @user_script:3.",
+             {}, on @user_script:5.",
             INSPECT.sha
         );
         let explained = explain_refusal(&said).unwrap();

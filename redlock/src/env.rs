@@ -104,6 +104,15 @@ pub(crate) fn from_lookup(
     if let (_, Some(prefix)) = var("KEY_PREFIX") {
         builder = builder.key_prefix(prefix);
     }
+    tls_from(builder, var)
+}
+
+/// The TLS files of `{prefix}TLS_CA`, `_CERT` and `_KEY`, if set.
+#[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+fn tls_from(
+    mut builder: RedlockBuilder,
+    var: impl Fn(&str) -> (String, Option<String>),
+) -> Result<RedlockBuilder> {
     // The files are read here, once: a missing file is a configuration error naming its
     // variable, not a handshake failure on every node later.
     let read = |(name, path): (String, Option<String>)| -> Result<Option<Vec<u8>>> {
@@ -127,6 +136,24 @@ pub(crate) fn from_lookup(
         ((set, Some(_)), (unset, None)) | ((unset, None), (set, Some(_))) => {
             return Err(Error::config(format!(
                 "{set} is set but {unset} is not: a client certificate needs both"
+            )));
+        }
+    }
+    Ok(builder)
+}
+
+/// Without a TLS feature, a TLS variable is a configuration error, not a silent plain
+/// connection.
+#[cfg(not(any(feature = "tls-rustls", feature = "tls-native-tls")))]
+fn tls_from(
+    builder: RedlockBuilder,
+    var: impl Fn(&str) -> (String, Option<String>),
+) -> Result<RedlockBuilder> {
+    for name in ["TLS_CA", "TLS_CERT", "TLS_KEY"] {
+        if let (name, Some(_)) = var(name) {
+            return Err(Error::config(format!(
+                "{name} is set, but the library was built without a TLS feature \
+                 (enable `tls-rustls` or `tls-native-tls`)"
             )));
         }
     }
@@ -177,6 +204,16 @@ mod tests {
         assert!(!bad.to_string().contains("s3cret"), "{bad}");
     }
 
+    #[cfg(not(any(feature = "tls-rustls", feature = "tls-native-tls")))]
+    #[test]
+    fn tls_variables_without_a_tls_feature_are_refused_by_name() {
+        let set = lookup(&[("APP_NODES", "redis://127.0.0.1:1"), ("APP_TLS_CA", "/ca.pem")]);
+        let err = from_lookup("APP_", set).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Config);
+        assert!(err.to_string().contains("APP_TLS_CA"), "{err}");
+    }
+
+    #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
     #[test]
     fn tls_files_are_read_and_named_by_their_variable() {
         let nodes = ("APP_NODES", "rediss://127.0.0.1:1");

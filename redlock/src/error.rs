@@ -355,6 +355,29 @@ impl Error {
         self.count(NodeOutcome::is_fault)
     }
 
+    /// How many nodes failed with a reason of their own (an error reply, a refused
+    /// certificate, login or permission, a refused connection), rather than a timeout.
+    fn stated_faults(&self) -> usize {
+        self.count(|o| matches!(o, NodeOutcome::Unreachable(_) | NodeOutcome::Failed(_)))
+    }
+
+    /// Of two errors of successive attempts, the one worth reporting: `later`, unless both
+    /// say that too few nodes answered and `earlier` names more of the nodes' own reasons
+    /// (a certificate, a login or a permission refused at the first connect outranks the
+    /// timeouts of the attempts after it).
+    pub(crate) fn most_telling(earlier: Option<Error>, later: Error) -> Error {
+        match earlier {
+            Some(earlier)
+                if later.kind() == ErrorKind::Unavailable
+                    && earlier.kind() == ErrorKind::Unavailable
+                    && earlier.stated_faults() > later.stated_faults() =>
+            {
+                earlier
+            }
+            _ => later,
+        }
+    }
+
     /// How many nodes had not answered when the round was decided.
     pub fn pending(&self) -> usize {
         self.count(|o| matches!(o, NodeOutcome::Pending))
@@ -476,6 +499,24 @@ mod tests {
         assert_eq!(Refusal::of(&nodes, 2), Refusal::Held);
         nodes[2].holder = None;
         assert_eq!(Refusal::of(&nodes, 2), Refusal::Held, "an unnamed holder may be b");
+    }
+
+    #[test]
+    fn a_refused_certificate_outranks_later_timeouts_but_not_a_later_refusal() {
+        use NodeOutcome::*;
+        let error = |kind, outcomes: &[NodeOutcome]| {
+            let round = RoundReport { nodes: report(outcomes), quorum: 2, elapsed: Duration::ZERO };
+            Error::round(kind, "", "r", round)
+        };
+        let certificate = Unreachable("invalid peer certificate: UnknownIssuer".into());
+        let first = error(ErrorKind::Unavailable, &[certificate.clone(), certificate, TimedOut]);
+        let timeouts = error(ErrorKind::Unavailable, &[TimedOut, TimedOut, TimedOut]);
+        let kept = Error::most_telling(Some(first), timeouts.clone());
+        assert!(kept.to_string().contains("UnknownIssuer"), "{kept}");
+        let held = error(ErrorKind::NotAcquired, &[Held, Held, TimedOut]);
+        let kept = Error::most_telling(Some(kept), held);
+        assert_eq!(kept.kind(), ErrorKind::NotAcquired, "the last word on contention stands");
+        assert_eq!(Error::most_telling(None, timeouts).faulty(), 3);
     }
 
     #[test]

@@ -172,6 +172,8 @@ pub(crate) struct Node {
     hung_until: AtomicU64,
     /// What `late_until` and `hung_until` count from.
     epoch: Instant,
+    /// The generation of the newest connection that opened (0: none ever did).
+    opened: AtomicU64,
     /// The server processes the client's nodes reached, shared by all of them.
     servers: Arc<server::Servers>,
 }
@@ -204,6 +206,7 @@ impl Node {
             late_until: AtomicU64::new(0),
             hung_until: AtomicU64::new(0),
             epoch: crate::clock::now(),
+            opened: AtomicU64::new(0),
             servers,
         }
     }
@@ -220,6 +223,14 @@ impl Node {
     /// requests, they did not go out on one connection, and their order is not kept.
     pub(crate) fn generation(&self) -> u64 {
         self.lock_state().0
+    }
+
+    /// Whether a request made when the connection generation was `generation` may have
+    /// reached the node: a connection of that generation or a later one opened. When none
+    /// did (every connect since failed: a refused certificate, a wrong password, nothing
+    /// listening), nothing made since then left the client.
+    pub(crate) fn may_have_reached(&self, generation: u64) -> bool {
+        self.opened.load(Ordering::Acquire) >= generation.max(1)
     }
 
     /// The node's client, for connections of other kinds (pub/sub).
@@ -442,6 +453,9 @@ impl Node {
             }
         };
         let result = future.await;
+        if result.is_ok() {
+            self.opened.fetch_max(generation, Ordering::AcqRel);
+        }
         let mut guard = self.lock_state();
         let (_, state) = &mut *guard;
         if matches!(state, State::Connecting { generation: g, .. } if *g == generation) {

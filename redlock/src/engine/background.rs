@@ -195,9 +195,10 @@ impl<M: Remake> Undos<M> {
     }
 }
 
-/// Counts and logs an undo that failed for good.
+/// Counts and logs an undo that failed for good, where what it undoes may have reached the
+/// node: where no connection opened since that was made, nothing is there to undo.
 fn report<M>(undos: &Undos<M>, i: usize, outcome: &NodeOutcome) {
-    if outcome.is_fault() {
+    if outcome.is_fault() && undos.core.nodes[i].may_have_reached(undos.generations[i]) {
         undos.core.undos.note_failure(i);
         tracing::warn!(
             target: "redlock",

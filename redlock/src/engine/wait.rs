@@ -40,7 +40,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::error::{ErrorKind, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::retry::{self, Retry};
 
 use super::Core;
@@ -70,6 +70,8 @@ where
     let mut woken = false;
     let mut splits = 0;
     let mut next_counted: Option<Instant> = None;
+    // The most telling error so far: what the policy's give-up reports.
+    let mut telling: Option<Error> = None;
     // Subscribed after the first failure only: an uncontended lock costs no subscription.
     let mut releases: Option<ReleaseWatch> = None;
     if in_line && keys.first().is_some_and(|key| core.releases.has_waiters(key)) {
@@ -97,6 +99,9 @@ where
             Err(err) if !err.is_retryable() => return Err(err),
             Err(err) => err,
         };
+        if err.kind() == ErrorKind::Unavailable {
+            telling = Some(Error::most_telling(telling.take(), err.clone()));
+        }
         let took = started.elapsed();
         let held = err.kind() == ErrorKind::NotAcquired && err.granted() == 0;
         if let Some(watch) = &releases {
@@ -114,7 +119,7 @@ where
             Some(due) if woken => due,
             _ => {
                 let Some(pause) = retry.next_pause(counted, first.elapsed()) else {
-                    return Err(err);
+                    return Err(Error::most_telling(telling, err));
                 };
                 after(pause)
             }

@@ -172,3 +172,62 @@ async fn a_forced_release_spares_a_holder_granted_while_it_runs() {
     assert!(holding.contains(&0) && holding.contains(&2), "W's hold on {holding:?}");
     w.release().await.unwrap();
 }
+
+/// The hold `force_release` meant to remove expires on its own while a slow node is still
+/// being read, and another client is granted the lock on every node meanwhile: that new
+/// holder, granted after the call began and after the old hold was gone, keeps its lock on
+/// a quorum, so no third client can take it while it is valid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_granted_after_the_old_hold_expired_during_a_forced_release_keeps_its_lock() {
+    let faulty =
+        redlock_testkit::FaultyCluster::start_for_clients(3, 2, Default::default()).unwrap();
+    let admin = common::builder_for(faulty.urls_for(0), Duration::from_secs(4)).build().unwrap();
+    let rl = common::builder_for(faulty.urls_for(1), Duration::from_millis(500)).build().unwrap();
+    common::connect_all(&admin).await;
+    common::connect_all(&rl).await;
+    // The old holder: a 300 ms lease on every node.
+    for i in 0..3 {
+        common::run(faulty.cluster(), i, &["SET", "job", "old-holder", "PX", "300"]);
+    }
+    // The admin's link to node 2 is slow: its read lands there after the old hold expired.
+    faulty.client_proxy(0, 2).set_fault(common::latency(600));
+    let forced = tokio::spawn({
+        let admin = admin.clone();
+        async move { admin.force_release("job").await }
+    });
+    // The old hold expires; a new holder takes the lock on every node while node 2 is read.
+    assert!(
+        common::eventually(Duration::from_secs(2), || faulty.cluster().count_key("job") == 0).await
+    );
+    let lock = rl.try_lock("job").await.unwrap();
+    forced.await.unwrap().unwrap();
+    let holding = faulty.cluster().nodes_holding("job", lock.token());
+    assert!(lock.validity() > Duration::ZERO);
+    assert!(
+        holding.len() >= 2,
+        "the new holder, still valid for {:?}, holds only {holding:?}",
+        lock.validity()
+    );
+    let third = common::client(faulty.cluster());
+    let err = third.try_lock("job").await.map(drop).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotAcquired);
+    lock.release().await.unwrap();
+}
+
+/// A reentrant owner whose id contains spaces, held twice, and a read-write lock with two
+/// readers: a forced release removes every one of those holds on every node and leaves
+/// no key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_release_removes_every_hold_of_hash_kinds_even_an_owner_id_with_spaces() {
+    let cluster = common::cluster(3);
+    let rl = common::client(&cluster);
+    let first = rl.reentrant("job", "worker a b").await.unwrap();
+    let second = rl.reentrant("job", "worker a b").await.unwrap();
+    let readers = (rl.read("doc").await.unwrap(), rl.read("doc").await.unwrap());
+    let admin = common::client(&cluster);
+    assert_eq!(admin.force_release("job").await.unwrap(), 3);
+    assert_eq!(admin.force_release("doc").await.unwrap(), 3);
+    assert_eq!(cluster.nodes_with_key("job").unwrap(), Vec::<usize>::new());
+    assert_eq!(cluster.nodes_with_key("doc").unwrap(), Vec::<usize>::new());
+    drop((first, second, readers));
+}

@@ -229,3 +229,20 @@ async fn release_after_the_validity_ran_out_is_not_held_even_when_too_few_nodes_
             .await
     );
 }
+
+/// A lease that ran out while two of three nodes are paused (too few answers to settle
+/// anything): its release answers `NotHeld`, not a retryable `Unavailable`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releasing_an_expired_lease_with_most_nodes_paused_answers_not_held() {
+    let mut cluster = common::cluster(3);
+    let rl = common::builder(&cluster, Duration::from_millis(200))
+        .ttl(Duration::from_millis(600))
+        .build()
+        .unwrap();
+    let lock = rl.try_lock("job").await.unwrap();
+    let _wakeup = cluster.pause_for(&[1, 2], Duration::from_secs(4)).unwrap();
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    let err = lock.release().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+    assert!(!err.is_retryable(), "{err}");
+}

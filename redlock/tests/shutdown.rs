@@ -308,3 +308,62 @@ async fn shutdown_ends_the_subscriptions_to_release_notifications() {
     assert!(common::eventually(Duration::from_secs(2), unsubscribed).await);
     held.release().await.unwrap();
 }
+
+/// Shutdown begins while a read, write, reentrant or multi-resource acquisition is under
+/// way (3 nodes, 60 ms each way), or while one whose caller gave up on it (its future
+/// dropped mid-round) is being taken back: once the shutdown returns `Ok`, nothing of it
+/// is on any node, and none lands later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_kind_of_acquisition_under_way_or_dropped_at_shutdown_leaves_no_key() {
+    for kind in ["read", "write", "reentrant", "many", "dropped", "dropped-fenced"] {
+        for after in [30u64, 100] {
+            let case = format!("{kind}, shutdown after {after} ms");
+            let faulty = FaultyCluster::start(3).unwrap();
+            let rl = common::builder_for(faulty.urls(), SLOW).build().unwrap();
+            common::connect_all(&rl).await;
+            for i in 0..3 {
+                faulty.proxy(i).set_fault(common::latency(60));
+            }
+            let attempt = tokio::spawn({
+                let rl = rl.clone();
+                async move {
+                    let answer: Option<ErrorKind> = match kind {
+                        "read" => rl.read("k").await.err().map(|e| e.kind()),
+                        "write" => rl.write("k").await.err().map(|e| e.kind()),
+                        "reentrant" => rl.reentrant("k", "owner a").await.err().map(|e| e.kind()),
+                        "many" => rl.many(&["k", "k2"]).await.err().map(|e| e.kind()),
+                        "dropped" => {
+                            let cut = Duration::from_millis(after / 2);
+                            let _ =
+                                tokio::time::timeout(cut, async { rl.try_lock("k").await }).await;
+                            Some(ErrorKind::Shutdown)
+                        }
+                        _ => {
+                            let cut = Duration::from_millis(after / 2 + 120);
+                            let _ = tokio::time::timeout(cut, async {
+                                rl.try_lock("k").fenced().await
+                            })
+                            .await;
+                            Some(ErrorKind::Shutdown)
+                        }
+                    };
+                    answer
+                }
+            });
+            tokio::time::sleep(Duration::from_millis(after)).await;
+            rl.shutdown(Duration::from_secs(5)).await.unwrap();
+            for key in ["k", "k2"] {
+                let left = faulty.cluster().nodes_with_key(key).unwrap();
+                assert_eq!(left, Vec::<usize>::new(), "{case}: {key} left when shutdown returned");
+            }
+            let answer =
+                tokio::time::timeout(Duration::from_secs(2), attempt).await.unwrap().unwrap();
+            assert_eq!(answer, Some(ErrorKind::Shutdown), "{case}");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            for key in ["k", "k2"] {
+                let left = faulty.cluster().nodes_with_key(key).unwrap();
+                assert_eq!(left, Vec::<usize>::new(), "{case}: {key} landed later");
+            }
+        }
+    }
+}

@@ -101,11 +101,16 @@ impl Redlock {
     /// Returns how many nodes answered the removal.
     ///
     /// It first reads every node's holds (as [`inspect`](Redlock::inspect) does), then
-    /// removes, on every node at once, only the keys and hash fields that still hold one
-    /// of the holds it read on any node; a holder granted after a node was read, or on
-    /// nodes it freed, keeps its lock. A hold granted while the nodes are being read is
-    /// either removed from every node that answers or left alone. A node that could not be
-    /// read still gets the removal of what the others showed.
+    /// removes, on every node at once, only the holds that keep others out: those found on
+    /// so many nodes (counting the nodes that could not be read as holding them) that no
+    /// quorum of the others remains. Each is removed from every node where it still is, and
+    /// nothing else: a holder granted after the reads, or on the nodes the removal freed,
+    /// keeps its lock. A hold seen on fewer nodes (a failed attempt's remnant, or a holder
+    /// granted while the nodes were being read, seen only where it was read late) is left
+    /// alone: it expires with its lease, and removing it where it was seen could leave a
+    /// live holder a minority. A hold granted while the nodes were being read and seen on
+    /// enough of them is removed like the old one (its holder learns of it at its next
+    /// extension).
     ///
     /// The removal is sent at most once per node, on a connection opened for it or on one
     /// that has just answered a `PING` (a closed one is replaced first): each node is given
@@ -119,12 +124,7 @@ impl Redlock {
         let key = self.core.config.key(resource)?;
         let views = self.read_views(&key).await;
         let read = views.iter().filter(|view| view.is_ok()).count();
-        let mut seen: Vec<String> = Vec::new();
-        for hold in views.into_iter().flatten().flat_map(|view| view.holds) {
-            if !seen.contains(&hold) {
-                seen.push(hold);
-            }
-        }
+        let seen = blocking_holds(views, self.core.nodes.len());
         // Nothing seen, nothing to remove: the nodes that answered the read answered.
         let answered = if seen.is_empty() { read } else { self.remove_holds(&key, &seen).await };
         if answered >= self.quorum() {
@@ -162,6 +162,21 @@ impl Redlock {
     }
 }
 
+/// The holds of `views` (one per node, `nodes` in all) that keep every other owner out:
+/// found on at least `nodes - quorum + 1` nodes, counting those that could not be read.
+fn blocking_holds(views: Vec<std::result::Result<View, String>>, nodes: usize) -> Vec<String> {
+    let unread = views.iter().filter(|view| view.is_err()).count();
+    let mut seen: Vec<(String, usize)> = Vec::new();
+    for hold in views.into_iter().flatten().flat_map(|view| view.holds) {
+        match seen.iter_mut().find(|(known, _)| *known == hold) {
+            Some((_, count)) => *count += 1,
+            None => seen.push((hold, 1)),
+        }
+    }
+    let blocking = nodes - crate::quorum::quorum(nodes) + 1;
+    seen.into_iter().filter(|(_, count)| count + unread >= blocking).map(|(hold, _)| hold).collect()
+}
+
 /// What one node holds for a key.
 struct View {
     /// A plain lock's token, or a hash kind's hold fields joined by spaces.
@@ -194,4 +209,30 @@ fn read_view(value: &Value) -> std::result::Result<View, String> {
         other => (format!("a {other}, not a lock"), Vec::new()),
     };
     Ok(View { holder: Some(holder), ttl, holds })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held(holds: &[&str]) -> std::result::Result<View, String> {
+        let holds = holds.iter().map(|h| h.to_string()).collect();
+        Ok(View { holder: None, ttl: None, holds })
+    }
+
+    #[test]
+    fn only_holds_that_keep_a_quorum_out_are_removed() {
+        // Three nodes: a hold on two of them blocks; one on a single node does not.
+        let views = vec![held(&["old"]), held(&["old"]), held(&["new"])];
+        assert_eq!(blocking_holds(views, 3), ["old"]);
+        // A node that could not be read may hold anything.
+        let views = vec![held(&["old"]), Err("timed out".into()), held(&[])];
+        assert_eq!(blocking_holds(views, 3), ["old"]);
+        // Five nodes: three are needed.
+        let views =
+            vec![held(&["a", "r:1"]), held(&["a", "r:1"]), held(&["r:1"]), held(&[]), held(&["a"])];
+        assert_eq!(blocking_holds(views, 5), ["a", "r:1"]);
+        let views = vec![held(&["a"]), held(&["a"]), held(&[]), held(&[]), held(&[])];
+        assert!(blocking_holds(views, 5).is_empty());
+    }
 }

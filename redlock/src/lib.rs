@@ -149,8 +149,9 @@
 //!   connection's driver writes it and sees the connection drop, is taken for never sent:
 //!   sent again as a first send, it finds the key absent and says `NotHeld` for a hold it
 //!   released (a false alarm on the safe side). A forced release reads the holds first and then
-//!   removes only those, on every node at once (a holder granted meanwhile keeps its
-//!   lock); the removal is never sent twice: it goes out once per node, on a connection that has just
+//!   removes, on every node at once, only those found on enough nodes to keep a quorum
+//!   out (a holder granted meanwhile keeps its lock; a remnant on fewer nodes is left to
+//!   its lease); the removal is never sent twice: it goes out once per node, on a connection that has just
 //!   answered a `PING` (a `NOPERM` answer counts: an ACL user without `+ping` logs one
 //!   `ACL LOG` entry per call) or on a new one, and a refusal, however early, is reported,
 //!   not retried.

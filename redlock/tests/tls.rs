@@ -178,15 +178,7 @@ async fn locks_with_the_tls_environment() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_lock_with_a_wrong_ca_names_the_certificate_not_a_timeout() {
     let cluster = tls_cluster(ClientCerts::Optional);
-    let certs = Certificates::get().unwrap();
-    let rl = Redlock::builder()
-        .nodes(cluster.urls())
-        .tls_root_ca(certs.unrelated_ca().pem())
-        // Room for a first handshake in a debug build; the attempts after it time out.
-        .node_timeout(Duration::from_millis(400))
-        .retry(Retry::new().with_max_attempts(5).with_delay(Duration::from_millis(20)))
-        .build()
-        .unwrap();
+    let rl = waiting_with_an_unrelated_ca(&cluster);
     let err = rl.lock("k").await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
     assert!(err.to_string().to_lowercase().contains("certificate"), "{err}");
@@ -200,16 +192,21 @@ async fn a_waiting_lock_with_a_wrong_ca_names_the_certificate_not_a_timeout() {
 async fn clean_ups_of_attempts_that_never_connected_raise_no_alarm() {
     let logs = common::logs();
     let cluster = tls_cluster(ClientCerts::Optional);
-    let certs = Certificates::get().unwrap();
-    let rl = Redlock::builder()
-        .nodes(cluster.urls())
-        .tls_root_ca(certs.unrelated_ca().pem())
-        .node_timeout(Duration::from_millis(400))
-        .retry(Retry::new().with_max_attempts(5).with_delay(Duration::from_millis(20)))
-        .build()
-        .unwrap();
+    let rl = waiting_with_an_unrelated_ca(&cluster);
     rl.lock("k").await.unwrap_err();
     rl.shutdown(Duration::from_secs(5)).await.unwrap();
     let log = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
     assert!(!log.contains("failed: the key stays"), "{log}");
+}
+
+/// A client that trusts a CA the nodes' certificates are not from, making five attempts.
+fn waiting_with_an_unrelated_ca(cluster: &Cluster) -> Redlock {
+    let certs = Certificates::get().unwrap();
+    builder(cluster)
+        .tls_root_ca(certs.unrelated_ca().pem())
+        // Room for a first handshake in a debug build; the attempts after it time out.
+        .node_timeout(Duration::from_millis(400))
+        .retry(Retry::new().with_max_attempts(5).with_delay(Duration::from_millis(20)))
+        .build()
+        .unwrap()
 }

@@ -78,9 +78,11 @@
 //! # Checking exclusion and fencing
 //!
 //! Clients record every [`Grant`] they get into a shared [`History`], exclusive
-//! ([`Grant::new`]) or shared ([`Grant::shared`], a read lock's share), with its
-//! fencing token if any ([`Grant::with_fence`]). [`History::violations`] then lists
-//! the grants whose holding windows overlapped where they must not, and
+//! ([`Grant::new`]), shared ([`Grant::shared`], a read lock's share) or counted
+//! ([`Grant::permit`], a counting lock's permit), with its fencing token if any
+//! ([`Grant::with_fence`]). [`History::violations`] then lists the grants whose holding
+//! windows overlapped where they must not, [`History::over_limit`] the stretches of
+//! time with more holders at once than a counting lock's permits, and
 //! [`History::fencing_violations`] the grants whose token is not larger than that of
 //! a grant that ended before they started. Independently, a [`Counter`] on a node
 //! outside the cluster, incremented non-atomically inside the critical section,
@@ -128,7 +130,7 @@ pub use config::{NodeConfig, Persistence};
 pub use counter::Counter;
 pub use error::{Error, Result};
 pub use fault::{Fault, FaultyCluster};
-pub use history::{FencingViolation, Grant, GrantId, History, Mode, Violation};
+pub use history::{FencingViolation, Grant, GrantId, History, LimitViolation, Mode, Violation};
 pub use node::RedisNode;
 pub use nodes::{NODES_ENV, Nodes};
 pub use proxy::{FUZZ_SEED_ENV, Fuzz, NetFault, Proxy};

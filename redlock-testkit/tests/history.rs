@@ -1,4 +1,5 @@
-//! The exclusion checks: the history of grants and the lossy counter.
+//! The exclusion checks: the history of grants (exclusion, holders counted against a limit,
+//! fencing order) and the lossy counter.
 
 use std::{
     sync::{Barrier, Mutex},
@@ -171,6 +172,93 @@ fn a_release_ends_a_write_window_and_one_token_never_conflicts_with_itself() {
     let v = &violations[0];
     assert_eq!((v.first.token.as_str(), v.second.token.as_str()), ("w", "r2"));
     assert!(v.to_string().contains("client 2 (shared token r2)"), "{v}");
+}
+
+/// A permit held over `[t0 + from, t0 + until)` in milliseconds.
+fn permit(t0: Instant, client: usize, token: &str, from: u64, until: u64) -> Grant {
+    Grant::permit(client, token, t0 + ms(from), t0 + ms(until))
+}
+
+#[test]
+fn one_holder_more_than_the_limit_is_reported_and_the_limit_itself_is_accepted() {
+    let t0 = Instant::now();
+    let history = History::new();
+    // Three permits overlap over [40, 50), two at most elsewhere.
+    history.record(permit(t0, 0, "a", 0, 50));
+    history.record(permit(t0, 1, "b", 20, 100));
+    history.record(permit(t0, 2, "c", 40, 120));
+    history.record(permit(t0, 3, "d", 100, 200)); // touches b's end: b and d never hold at once
+    assert!(history.over_limit(3).is_empty(), "{:?}", history.over_limit(3));
+    // Permits may overlap each other: no exclusion violation.
+    assert!(history.violations().is_empty());
+
+    let found = history.over_limit(2);
+    assert_eq!(found.len(), 1, "{found:?}");
+    let v = &found[0];
+    assert_eq!((v.from - t0, v.until - t0, v.most, v.limit), (ms(40), ms(50), 3, 2));
+    let tokens: Vec<&str> = v.holders.iter().map(|g| g.token.as_str()).collect();
+    assert_eq!(tokens, ["a", "b", "c"]);
+    assert_eq!(v.duration(), ms(10));
+    let message = v.to_string();
+    assert!(message.starts_with("3 holders at once (at most 2 allowed) for 10ms:"), "{message}");
+    assert!(message.contains("client 2 (permit token c)"), "{message}");
+
+    // Over a limit of one, the stretch runs from the first overlap to the last one's end:
+    // at 100 b ends as d starts, and c still holds.
+    let found = history.over_limit(1);
+    let stretches: Vec<_> = found.iter().map(|v| (v.from - t0, v.until - t0, v.most)).collect();
+    assert_eq!(stretches, [(ms(20), ms(120), 3)]);
+}
+
+#[test]
+fn l_plus_one_holders_at_once_are_reported_for_every_limit() {
+    // L + 1 permits overlapping at one instant, for each L: reported against L, not L + 1.
+    let t0 = Instant::now();
+    for limit in 1..=6 {
+        let history = History::new();
+        for client in 0..=limit {
+            let from = client as u64 * 10;
+            history.record(permit(t0, client, &format!("p{client}"), from, from + 100));
+        }
+        let found = history.over_limit(limit);
+        assert_eq!(found.len(), 1, "limit {limit}: {found:?}");
+        assert_eq!(found[0].most, limit + 1);
+        assert_eq!(found[0].holders.len(), limit + 1);
+        assert!(history.over_limit(limit + 1).is_empty(), "limit {limit}");
+    }
+}
+
+#[test]
+fn one_token_is_one_holder_and_a_release_makes_room() {
+    let t0 = Instant::now();
+    let history = History::new();
+    history.record(permit(t0, 0, "a", 0, 100));
+    history.record(permit(t0, 0, "a", 50, 150)); // a's extension: still one holder
+    let b = history.record(permit(t0, 1, "b", 0, 100));
+    assert!(history.over_limit(2).is_empty(), "{:?}", history.over_limit(2));
+
+    history.record(permit(t0, 2, "c", 60, 160));
+    let found = history.over_limit(2);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!((found[0].from - t0, found[0].until - t0), (ms(60), ms(100)));
+    // b released before c came in: never three at once.
+    history.released(b, t0 + ms(60));
+    assert!(history.over_limit(2).is_empty(), "{:?}", history.over_limit(2));
+}
+
+#[test]
+fn a_permit_overlapping_an_exclusive_grant_is_an_exclusion_violation() {
+    let t0 = Instant::now();
+    let history = History::new();
+    history.record(permit(t0, 0, "p1", 0, 100));
+    history.record(permit(t0, 1, "p2", 10, 100));
+    history.record(grant(t0, 2, "w", 90, 200));
+    assert_eq!(
+        overlapping(&history),
+        [("p1".into(), "w".into(), ms(10)), ("p2".into(), "w".into(), ms(10))]
+    );
+    assert_eq!(history.shared_overlaps(), 0, "permits are not read shares");
+    assert_eq!(permit(t0, 0, "p", 0, 1).mode, Mode::Counted);
 }
 
 /// Fenced grants, each `(token, fence, from, until)`, recorded in the order given.

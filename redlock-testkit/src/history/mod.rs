@@ -1,5 +1,5 @@
-//! The history checker: the grants clients saw, and which of them broke exclusion or
-//! fencing order.
+//! The history checker: the grants clients saw, and which of them broke exclusion, a
+//! limit on holders at once, or fencing order.
 //!
 //! # Which window a grant holds
 //!
@@ -23,6 +23,13 @@
 //! grants, never an exclusive one. Grants with the same token are one lock (e.g.
 //! recorded again after an extension) and are never compared with each other.
 //!
+//! # Counted holders
+//!
+//! A counting lock's permit (a semaphore of L permits) is [`Mode::Counted`]: permits may
+//! overlap each other, never an exclusive grant, and at most L may hold at any instant.
+//! [`History::over_limit`] finds the stretches of time with more than L holders; with L = 1
+//! it flags exactly the histories in which exclusion broke.
+//!
 //! # Fencing tokens
 //!
 //! A grant may carry the fencing token the library handed out with it. Whatever the
@@ -35,6 +42,7 @@
 
 mod exclusion;
 mod fencing;
+mod limit;
 
 use std::{
     fmt,
@@ -44,6 +52,7 @@ use std::{
 
 pub use exclusion::Violation;
 pub use fencing::FencingViolation;
+pub use limit::LimitViolation;
 
 /// Whether a grant excludes every other one, or only exclusive ones.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -53,6 +62,9 @@ pub enum Mode {
     Exclusive,
     /// A read lock's share: may overlap other shared grants, not an exclusive one.
     Shared,
+    /// A counting lock's permit: may overlap other permits, not an exclusive grant; how
+    /// many may hold at once is checked by [`History::over_limit`].
+    Counted,
 }
 
 impl fmt::Display for Mode {
@@ -60,6 +72,7 @@ impl fmt::Display for Mode {
         f.write_str(match self {
             Mode::Exclusive => "exclusive",
             Mode::Shared => "shared",
+            Mode::Counted => "counted",
         })
     }
 }
@@ -116,6 +129,17 @@ impl Grant {
         Grant { mode: Mode::Shared, ..Grant::new(client, token, granted_at, valid_until) }
     }
 
+    /// A counted grant (a counting lock's permit), not (yet) released, without a fencing
+    /// token.
+    pub fn permit(
+        client: usize,
+        token: impl Into<String>,
+        granted_at: Instant,
+        valid_until: Instant,
+    ) -> Grant {
+        Grant { mode: Mode::Counted, ..Grant::new(client, token, granted_at, valid_until) }
+    }
+
     /// The same grant carrying the fencing token `fence`.
     #[must_use]
     pub fn with_fence(mut self, fence: u64) -> Grant {
@@ -139,13 +163,18 @@ impl Grant {
     }
 }
 
-/// How a grant names itself in messages: `client 1 (token a)`, `client 2 (shared token r)`.
+/// How a grant names itself in messages: `client 1 (token a)`, `client 2 (shared token r)`,
+/// `client 3 (permit token p)`.
 struct Who<'a>(&'a Grant);
 
 impl fmt::Display for Who<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let grant = self.0;
-        let mode = if grant.mode == Mode::Shared { "shared " } else { "" };
+        let mode = match grant.mode {
+            Mode::Exclusive => "",
+            Mode::Shared => "shared ",
+            Mode::Counted => "permit ",
+        };
         write!(f, "client {} ({mode}token {}", grant.client, grant.token)?;
         if let Some(fence) = grant.fence {
             write!(f, ", fence {fence}")?;
@@ -214,6 +243,18 @@ impl History {
     /// readers did share, so that a test of shared locks cannot pass by serializing them.
     pub fn shared_overlaps(&self) -> usize {
         exclusion::overlaps(&self.grants(), |a, b| a == Mode::Shared && b == Mode::Shared).len()
+    }
+
+    /// Every stretch of time during which more than `limit` grants, by different tokens,
+    /// held at once: a counting lock of `limit` permits let one holder too many in.
+    ///
+    /// Every grant counts, whatever its mode (a history of one counting lock holds only
+    /// [`Mode::Counted`] grants); grants with the same token are one holder; windows that
+    /// only touch do not overlap, and empty ones hold nothing. Each stretch is reported
+    /// once, with the most holders it saw at one instant and who they were. O(n log n) for
+    /// the sweep, plus a snapshot of the holders whenever a stretch reaches a new peak.
+    pub fn over_limit(&self, limit: usize) -> Vec<LimitViolation> {
+        limit::over(&self.grants(), limit)
     }
 
     /// Grants whose fencing token is not larger than that of a grant, by another

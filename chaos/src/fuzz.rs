@@ -1,4 +1,4 @@
-//! The interleaving fuzzer: thousands of short randomized schedules of two or three clients,
+//! The interleaving fuzzer: thousands of short randomized schedules of two to four clients,
 //! over every lock kind, through per-client proxies that delay every message by a random
 //! amount, drop replies and reset connections after the node ran a request.
 //!
@@ -7,6 +7,8 @@
 //! `with_lock`), all drawn from the schedule's seed. After each one the fuzzer checks:
 //!
 //! - no two valid holds overlapped (read shares may overlap each other, nothing else);
+//! - no more than [`PERMITS`] permits of a counting lock held at any instant, and no two
+//!   holders of one of its slots at once;
 //! - fencing tokens increased with grant order;
 //! - once every client has released its holds or let them expire, no key of the schedule
 //!   is left on any node (a count or a field that outlives every hold would show here);
@@ -28,7 +30,7 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use redlock::{Guard, Redlock, Retry};
-use redlock_testkit::{Cluster, FaultyCluster, Fuzz, Grant, History, NodeConfig};
+use redlock_testkit::{Cluster, FaultyCluster, Fuzz, Grant, GrantId, History, Mode, NodeConfig};
 use tokio::task::JoinSet;
 
 /// The lock kinds a schedule can exercise.
@@ -46,17 +48,21 @@ pub enum FuzzKind {
     ReadWrite,
     /// `with_lock`: `Ok` must mean held from start to end.
     WithLock,
+    /// `semaphore(.., PERMITS)`: at most [`PERMITS`] holders at once, one per slot, with
+    /// three or four clients so that the permits run out.
+    Semaphore,
 }
 
 impl FuzzKind {
     /// Every kind, in report order.
-    pub const ALL: [FuzzKind; 6] = [
+    pub const ALL: [FuzzKind; 7] = [
         FuzzKind::Plain,
         FuzzKind::Fenced,
         FuzzKind::Reentrant,
         FuzzKind::Multi,
         FuzzKind::ReadWrite,
         FuzzKind::WithLock,
+        FuzzKind::Semaphore,
     ];
 
     /// A short stable name, for reports.
@@ -68,6 +74,7 @@ impl FuzzKind {
             FuzzKind::Multi => "multi",
             FuzzKind::ReadWrite => "read-write",
             FuzzKind::WithLock => "with_lock",
+            FuzzKind::Semaphore => "semaphore",
         }
     }
 }
@@ -158,7 +165,11 @@ fn network(seed: u64) -> Fuzz {
 
 const NODES: usize = 3;
 const BROKEN_NODES: usize = 4;
-const CLIENTS: usize = 3;
+/// Clients with proxies of their own: the counting lock's schedules use all of them, the
+/// other kinds two or three.
+const CLIENTS: usize = 4;
+/// The permits of the counting lock's schedules: fewer than their clients.
+pub const PERMITS: u32 = 2;
 
 /// Runs the schedules and reports.
 ///
@@ -176,7 +187,7 @@ pub async fn fuzz(config: &FuzzConfig) -> FuzzReport {
         .map(|client| {
             let all = faulty.urls_for(client);
             if config.broken_quorum {
-                // Client 0 and 2 see nodes 0 and 1, client 1 sees nodes 2 and 3: each
+                // Clients 0 and 2 see nodes 0 and 1, clients 1 and 3 nodes 2 and 3: each
                 // believes these are all the nodes, and two quorums need not meet.
                 let half = if client % 2 == 0 { 0..2 } else { 2..4 };
                 all[half].to_vec()
@@ -225,13 +236,16 @@ const MAX_TTL: Duration = Duration::from_millis(400);
 fn leftovers(cluster: &Cluster, _urls: &[String]) -> Vec<String> {
     let mut found = Vec::new();
     for (i, node) in cluster.nodes().iter().enumerate() {
-        match node.keys("fz*") {
-            Ok(keys) => {
-                for key in keys {
-                    found.push(format!("key {key} left on node {i} after every hold ended"));
+        // The counting lock's keys begin with their hash tag, `{fz<schedule>:a}`.
+        for pattern in ["fz*", "{fz*"] {
+            match node.keys(pattern) {
+                Ok(keys) => {
+                    for key in keys {
+                        found.push(format!("key {key} left on node {i} after every hold ended"));
+                    }
                 }
+                Err(err) => found.push(format!("node {i} cannot be inspected: {err}")),
             }
-            Err(err) => found.push(format!("node {i} cannot be inspected: {err}")),
         }
     }
     found
@@ -265,8 +279,13 @@ impl Schedule {
         let mut rng = StdRng::seed_from_u64(self.seed);
         let ttl = Duration::from_millis(rng.random_range(150..=MAX_TTL.as_millis() as u64));
         let node_timeout = Duration::from_millis(rng.random_range(40..=120));
-        let clients = rng.random_range(2..=CLIENTS);
+        let clients = match self.kind {
+            FuzzKind::Semaphore => rng.random_range(PERMITS as usize + 1..=CLIENTS),
+            _ => rng.random_range(2..=3),
+        };
         let history = History::new();
+        // Each slot of the counting lock is a plain lock of its own: its holders, apart.
+        let slots: Vec<History> = (0..PERMITS).map(|_| History::new()).collect();
         let mut tasks = JoinSet::new();
         for client in 0..clients {
             let rl = Redlock::builder()
@@ -283,6 +302,7 @@ impl Schedule {
                 resource: format!("fz{}:a", self.index),
                 second: format!("fz{}:b", self.index),
                 history: history.clone(),
+                slots: slots.clone(),
                 rng: StdRng::seed_from_u64(rng.random()),
             };
             tasks.spawn(actor.run());
@@ -299,7 +319,26 @@ impl Schedule {
         violations.extend(
             history.fencing_violations().iter().map(|v| format!("{tag}: token order: {v}")),
         );
+        if self.kind == FuzzKind::Semaphore {
+            let limit = PERMITS as usize;
+            violations.extend(
+                history.over_limit(limit).iter().map(|v| format!("{tag}: over the limit: {v}")),
+            );
+            for (slot, holders) in slots.iter().enumerate() {
+                violations.extend(
+                    holders.violations().iter().map(|v| format!("{tag}: slot {slot} overlap: {v}")),
+                );
+            }
+        }
         Outcome { kind: self.kind, grants, failures, violations }
+    }
+}
+
+/// Marks every record of a hold released, now.
+fn released(ids: &[(History, GrantId)]) {
+    let now = Instant::now();
+    for (history, id) in ids {
+        history.released(*id, now);
     }
 }
 
@@ -311,6 +350,8 @@ struct Actor {
     resource: String,
     second: String,
     history: History,
+    /// Per slot of the counting lock, the permits that held it.
+    slots: Vec<History>,
     rng: StdRng,
 }
 
@@ -332,12 +373,12 @@ impl Actor {
             };
             let granted = match self.kind {
                 FuzzKind::Plain => match self.rl.lock(&self.resource).retry(retry).await {
-                    Ok(lock) => self.hold(lock, false).await,
+                    Ok(lock) => self.hold(lock, Mode::Exclusive, None).await,
                     Err(_) => false,
                 },
                 FuzzKind::Fenced => {
                     match self.rl.lock(&self.resource).fenced().retry(retry).await {
-                        Ok(lock) => self.hold(lock, false).await,
+                        Ok(lock) => self.hold(lock, Mode::Exclusive, None).await,
                         Err(_) => false,
                     }
                 }
@@ -352,7 +393,7 @@ impl Actor {
                                     let _ = self.end(inner).await;
                                 }
                             }
-                            self.hold(lock, false).await
+                            self.hold(lock, Mode::Exclusive, None).await
                         }
                         Err(_) => false,
                     }
@@ -365,21 +406,30 @@ impl Actor {
                         [b.as_str(), a.as_str()]
                     };
                     match self.rl.many(&pair).retry(retry).await {
-                        Ok(lock) => self.hold(lock, false).await,
+                        Ok(lock) => self.hold(lock, Mode::Exclusive, None).await,
                         Err(_) => false,
                     }
                 }
                 FuzzKind::ReadWrite => {
                     if self.rng.random_bool(0.6) {
                         match self.rl.read(&self.resource).retry(retry).await {
-                            Ok(lock) => self.hold(lock, true).await,
+                            Ok(lock) => self.hold(lock, Mode::Shared, None).await,
                             Err(_) => false,
                         }
                     } else {
                         match self.rl.write(&self.resource).retry(retry).await {
-                            Ok(lock) => self.hold(lock, false).await,
+                            Ok(lock) => self.hold(lock, Mode::Exclusive, None).await,
                             Err(_) => false,
                         }
+                    }
+                }
+                FuzzKind::Semaphore => {
+                    match self.rl.semaphore(&self.resource, PERMITS).retry(retry).await {
+                        Ok(permit) => {
+                            let slot = permit.slot();
+                            self.hold(permit, Mode::Counted, Some(slot)).await
+                        }
+                        Err(_) => false,
                     }
                 }
                 FuzzKind::WithLock => self.with_lock(retry).await,
@@ -393,32 +443,44 @@ impl Actor {
         (grants, failures)
     }
 
-    /// Records the hold, keeps it a while (extending it at random), then ends it.
-    async fn hold<G: Guard>(&mut self, mut lock: G, shared: bool) -> bool {
+    /// Records the hold (a permit also in its slot's history), keeps it a while (extending
+    /// it at random), then ends it.
+    async fn hold<G: Guard>(&mut self, mut lock: G, mode: Mode, slot: Option<u32>) -> bool {
         let granted_at = Instant::now();
         let window = |lock: &G| {
-            let grant = if shared {
-                Grant::shared(self.client, lock.token(), granted_at, lock.deadline())
-            } else {
-                Grant::new(self.client, lock.token(), granted_at, lock.deadline())
+            let grant = Grant {
+                mode,
+                ..Grant::new(self.client, lock.token(), granted_at, lock.deadline())
             };
             match lock.fencing_token() {
                 Some(fence) => grant.with_fence(fence),
                 None => grant,
             }
         };
-        let id = self.history.record(window(&lock));
+        let ids = self.record(window(&lock), slot);
         tokio::time::sleep(Duration::from_millis(self.rng.random_range(0..30))).await;
         if self.rng.random_bool(0.3) && lock.extend(lock.ttl()).await.is_ok() {
             // Recorded again with the new deadline: the same token, one lock.
             let extended = Grant { granted_at: Instant::now(), ..window(&lock) };
-            let again = self.history.record(extended);
+            let again = self.record(extended, slot);
             tokio::time::sleep(Duration::from_millis(self.rng.random_range(0..30))).await;
-            self.history.released(again, Instant::now());
+            released(&again);
         }
-        self.history.released(id, Instant::now());
+        released(&ids);
         let _ = self.end(lock).await;
         true
+    }
+
+    /// Records `grant` in the schedule's history and, for a permit, as an exclusive hold of
+    /// its slot.
+    fn record(&self, grant: Grant, slot: Option<u32>) -> Vec<(History, GrantId)> {
+        let mut ids = Vec::with_capacity(2);
+        if let Some(holders) = slot.and_then(|slot| self.slots.get(slot as usize)) {
+            let of_slot = Grant { mode: Mode::Exclusive, ..grant.clone() };
+            ids.push((holders.clone(), holders.record(of_slot)));
+        }
+        ids.push((self.history.clone(), self.history.record(grant)));
+        ids
     }
 
     /// Ends a hold the way the schedule says: release, drop or let it expire.

@@ -27,7 +27,7 @@ mod report;
 mod run;
 mod scenario;
 
-pub use fuzz::{FuzzConfig, FuzzKind, FuzzReport, fuzz};
+pub use fuzz::{FuzzConfig, FuzzKind, FuzzReport, PERMITS, fuzz};
 pub use report::{Report, markdown};
 pub use run::run;
 pub use scenario::{Expect, Kind, Scenario, matrix};

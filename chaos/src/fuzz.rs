@@ -33,6 +33,8 @@ use redlock::{Guard, Redlock, Retry};
 use redlock_testkit::{Cluster, FaultyCluster, Fuzz, Grant, GrantId, History, Mode, NodeConfig};
 use tokio::task::JoinSet;
 
+use crate::scenario::PERMITS;
+
 /// The lock kinds a schedule can exercise.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum FuzzKind {
@@ -168,8 +170,6 @@ const BROKEN_NODES: usize = 4;
 /// Clients with proxies of their own: the counting lock's schedules use all of them, the
 /// other kinds two or three.
 const CLIENTS: usize = 4;
-/// The permits of the counting lock's schedules: fewer than their clients.
-pub const PERMITS: u32 = 2;
 
 /// Runs the schedules and reports.
 ///

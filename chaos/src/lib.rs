@@ -11,7 +11,9 @@
 //!
 //! Every lock kind runs under the faults that matter ([`Kind`]): read shares are checked
 //! as shared windows (they may overlap each other, never a write), and only exclusive
-//! holders update the counter.
+//! holders update the counter. A counting lock's permits are checked as counted windows
+//! (at most L at any instant, one holder per slot at a time), and each slot has a counter
+//! of its own.
 //!
 //! [`fuzz()`] is the interleaving fuzzer: short randomized schedules of a few clients over
 //! every kind, through proxies that delay, drop and reset each message (see its module).
@@ -27,7 +29,7 @@ mod report;
 mod run;
 mod scenario;
 
-pub use fuzz::{FuzzConfig, FuzzKind, FuzzReport, PERMITS, fuzz};
+pub use fuzz::{FuzzConfig, FuzzKind, FuzzReport, fuzz};
 pub use report::{Report, markdown};
 pub use run::run;
-pub use scenario::{Expect, Kind, Scenario, matrix};
+pub use scenario::{Expect, Kind, PERMITS, Scenario, matrix};

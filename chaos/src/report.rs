@@ -2,9 +2,9 @@
 
 use std::fmt::Write;
 
-use redlock_testkit::Violation;
+use redlock_testkit::{LimitViolation, Violation};
 
-use crate::scenario::{Expect, Scenario};
+use crate::scenario::{Expect, Kind, Scenario};
 
 /// The outcome of one scenario run.
 #[derive(Debug)]
@@ -13,8 +13,12 @@ pub struct Report {
     pub scenario: Scenario,
     /// Locks granted.
     pub grants: usize,
-    /// Pairs of read shares that overlapped (read-write scenarios): evidence that readers
-    /// did share.
+    /// How many clients contended.
+    pub clients: usize,
+    /// How many of them were granted a lock at least once.
+    pub clients_granted: usize,
+    /// Pairs of read shares, or of a counting lock's permits, that overlapped: evidence
+    /// that readers, or permit holders, did share.
     pub shared_overlaps: usize,
     /// Locks granted while the fault was in force.
     pub granted_while_faulted: u64,
@@ -23,8 +27,11 @@ pub struct Report {
     /// Grants whose fencing token was not larger than that of a grant that ended before
     /// they started.
     pub fencing_violations: usize,
-    /// Pairs of grants whose validity windows overlapped.
+    /// Pairs of grants whose validity windows overlapped (for a counting lock: two holders
+    /// of one slot).
     pub violations: Vec<Violation>,
+    /// Stretches of time with more permits held at once than the counting lock has.
+    pub over_limit: Vec<LimitViolation>,
     /// Critical sections whose counter update was lost.
     pub lost_updates: u64,
     /// Writes made after the writer's lease had expired.
@@ -38,11 +45,21 @@ pub struct Report {
 impl Report {
     /// Whether the run showed what the scenario expects; `Err` says what differed.
     pub fn verdict(&self) -> Result<(), String> {
-        let broken =
-            !self.violations.is_empty() || self.lost_updates > 0 || self.fencing_violations > 0;
+        let broken = !self.violations.is_empty()
+            || !self.over_limit.is_empty()
+            || self.lost_updates > 0
+            || self.fencing_violations > 0;
+        let counted = self.scenario.kind == Kind::Semaphore;
         match self.scenario.expect {
             Expect::Available if broken => Err(format!("exclusion broke: {}", self.summary())),
             Expect::Available if self.grants == 0 => Err("no lock was granted".to_owned()),
+            Expect::Available if counted && self.clients_granted < self.clients => Err(format!(
+                "only {} of {} waiting clients got a permit",
+                self.clients_granted, self.clients
+            )),
+            Expect::Available if counted && self.shared_overlaps == 0 => {
+                Err("no two permits were ever held at once".to_owned())
+            }
             Expect::Unavailable if broken => Err(format!("exclusion broke: {}", self.summary())),
             Expect::Unavailable if self.granted_while_faulted > 0 => {
                 Err(format!("{} grants while the fault lasted", self.granted_while_faulted))
@@ -71,8 +88,9 @@ impl Report {
 
     fn summary(&self) -> String {
         format!(
-            "{} violations, {} fencing-order violations, {} lost updates, {} stale writes, {} rejected",
+            "{} violations, {} stretches over the limit, {} fencing-order violations, {} lost updates, {} stale writes, {} rejected",
             self.violations.len(),
+            self.over_limit.len(),
             self.fencing_violations,
             self.lost_updates,
             self.stale_writes,
@@ -106,7 +124,7 @@ pub fn markdown(reports: &[Report]) -> String {
             r.granted_while_faulted,
             r.refused,
             r.shared_overlaps,
-            r.violations.len(),
+            r.violations.len() + r.over_limit.len(),
             r.fencing_violations,
             r.lost_updates,
             r.stale_writes,

@@ -8,14 +8,13 @@ use rand::Rng;
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use redlock::fence::{FencedWrite, fenced_set};
-use redlock::{Guard, Lock, MultiLock, ReadLock, Redlock, ReentrantLock, WriteLock};
+use redlock::{Guard, Lock, MultiLock, Permit, ReadLock, Redlock, ReentrantLock, Retry, WriteLock};
 use redlock_testkit::{FaultyCluster, Grant, History, NodeConfig, Persistence, RedisNode};
 
 use crate::report::Report;
-use crate::scenario::{Kind, Scenario};
+use crate::scenario::{Kind, PERMITS, Scenario};
 
 const NODES: usize = 5;
-const CLIENTS: usize = 4;
 const RESOURCE: &str = "chaos:job";
 const COUNTER: &str = "chaos:counter";
 /// The second resource of the multi-resource kind.
@@ -28,6 +27,20 @@ enum Held {
     Multi(MultiLock),
     Read(ReadLock),
     Write(WriteLock),
+    Permit(Permit),
+}
+
+/// The counter of a counting lock's slot: each slot is exclusive, so its holders' updates
+/// add up exactly as a plain lock's do.
+fn slot_counter(slot: u32) -> String {
+    format!("{COUNTER}:{slot}")
+}
+
+/// The key of a counting lock's slot (no key prefix), as `redlock::guide::semaphore` lays it
+/// out. The count key next to them, `{R}:permits`, is left to its lease after the last
+/// release, so it is not a leftover.
+fn slot_key(slot: u32) -> String {
+    format!("{{{RESOURCE}}}:permit:{slot}")
 }
 
 /// What the clients count, shared.
@@ -38,6 +51,8 @@ struct Tally {
     stale_writes: AtomicU64,
     rejected_writes: AtomicU64,
     granted_while_faulted: AtomicU64,
+    /// One bit per client that was granted a lock at least once.
+    clients_in: AtomicU64,
 }
 
 /// When the fault was in force: from the moment its injection completed to the moment
@@ -83,6 +98,8 @@ pub async fn run(scenario: &Scenario, duration: Duration) -> Report {
     }
 
     let history = History::new();
+    // The counting lock's slots, each an exclusive lock of its own.
+    let slots: Vec<History> = (0..PERMITS).map(|_| History::new()).collect();
     let tally = Arc::new(Tally::default());
     let started = Instant::now();
     let deadline = started + duration;
@@ -94,13 +111,14 @@ pub async fn run(scenario: &Scenario, duration: Duration) -> Report {
         window.open();
     }
 
-    let clients: Vec<_> = (0..CLIENTS)
+    let clients: Vec<_> = (0..scenario.kind.clients())
         .map(|id| {
             let client = Client {
                 id,
                 rl: redlock(scenario, cluster.urls()),
                 scenario: scenario.clone(),
                 history: history.clone(),
+                slots: slots.clone(),
                 tally: tally.clone(),
                 store_url: store.url(),
                 window: window.clone(),
@@ -127,17 +145,31 @@ pub async fn run(scenario: &Scenario, duration: Duration) -> Report {
 
     // Let releases queued behind faults drain, then look for leftovers.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let keys_left = cluster.cluster().count_key(RESOURCE) + cluster.cluster().count_key(SECOND);
-    let counter = store.get(COUNTER).ok().flatten().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let keys_left = cluster.cluster().count_key(RESOURCE)
+        + cluster.cluster().count_key(SECOND)
+        + (0..PERMITS).map(|slot| cluster.cluster().count_key(&slot_key(slot))).sum::<usize>();
+    let read = |key: &str| -> u64 {
+        store.get(key).ok().flatten().and_then(|v| v.parse().ok()).unwrap_or(0)
+    };
+    let counter = read(COUNTER) + (0..PERMITS).map(|slot| read(&slot_counter(slot))).sum::<u64>();
     let sections = tally.sections.load(Ordering::Relaxed);
+    let mut violations = history.violations();
+    violations.extend(slots.iter().flat_map(History::violations));
+    let over_limit = match scenario.kind {
+        Kind::Semaphore => history.over_limit(PERMITS as usize),
+        _ => Vec::new(),
+    };
     Report {
         scenario: scenario.clone(),
         grants: history.len(),
+        clients: scenario.kind.clients(),
+        clients_granted: tally.clients_in.load(Ordering::Relaxed).count_ones() as usize,
         shared_overlaps: history.shared_overlaps(),
         fencing_violations: history.fencing_violations().len(),
         granted_while_faulted: tally.granted_while_faulted.load(Ordering::Relaxed),
         refused: tally.refused.load(Ordering::Relaxed),
-        violations: history.violations(),
+        violations,
+        over_limit,
         lost_updates: sections.saturating_sub(counter),
         stale_writes: tally.stale_writes.load(Ordering::Relaxed),
         rejected_writes: tally.rejected_writes.load(Ordering::Relaxed),
@@ -161,6 +193,7 @@ struct Client {
     rl: Redlock,
     scenario: Scenario,
     history: History,
+    slots: Vec<History>,
     tally: Arc<Tally>,
     store_url: String,
     window: Window,
@@ -193,6 +226,20 @@ impl Client {
                 Kind::Multi => self.rl.many(&pair).once().await.map(Held::Multi),
                 Kind::ReadWrite if reader => self.rl.read(RESOURCE).once().await.map(Held::Read),
                 Kind::ReadWrite => self.rl.write(RESOURCE).once().await.map(Held::Write),
+                // Eight clients for two permits: each waits (woken by any slot's release)
+                // rather than tries once.
+                Kind::Semaphore => self
+                    .rl
+                    .semaphore(RESOURCE, PERMITS)
+                    .retry(
+                        Retry::new()
+                            .with_unbounded_attempts()
+                            .with_delay(Duration::from_millis(2))
+                            .with_jitter(Duration::from_millis(8))
+                            .with_max_wait(Duration::from_millis(300)),
+                    )
+                    .await
+                    .map(Held::Permit),
             };
             let outcome = match held {
                 Ok(Held::Plain(lock)) => self.hold(lock, attempt_started, hold, &mut store).await,
@@ -208,6 +255,9 @@ impl Client {
                 Ok(Held::Multi(lock)) => self.hold(lock, attempt_started, hold, &mut store).await,
                 Ok(Held::Read(lock)) => self.share(lock, attempt_started, hold).await,
                 Ok(Held::Write(lock)) => self.hold(lock, attempt_started, hold, &mut store).await,
+                Ok(Held::Permit(permit)) => {
+                    self.permit(permit, attempt_started, hold, &mut store).await
+                }
                 Err(_) => Err(()),
             };
             if outcome.is_ok() {
@@ -238,7 +288,7 @@ impl Client {
             grant = grant.with_fence(fence);
         }
         let id = self.history.record(grant);
-        self.critical_section(store, &lock, hold).await;
+        self.critical_section(store, &lock, hold, COUNTER).await;
         self.history.released(id, Instant::now());
         // The lock may have expired (a stall): the release then reports it; either way
         // the keys are gone or going.
@@ -246,8 +296,38 @@ impl Client {
         Ok(())
     }
 
+    /// A permit: recorded as counted, and as an exclusive hold of its slot; a critical
+    /// section on its slot's counter; released.
+    async fn permit(
+        &self,
+        permit: Permit,
+        attempt_started: Instant,
+        hold: Duration,
+        store: &mut MultiplexedConnection,
+    ) -> Result<(), ()> {
+        let granted_at = Instant::now();
+        self.count_if_faulted(attempt_started, granted_at);
+        let (token, until) = (permit.token().to_owned(), granted_at + permit.validity());
+        let slot = permit.slot();
+        let id = self.history.record(Grant::permit(self.id, token.clone(), granted_at, until));
+        // A slot outside 0..L would be one holder too many whatever the windows say: its
+        // history is missing, and the grant shows up in the count over the limit instead.
+        let of_slot = self.slots.get(slot as usize).map(|holders| {
+            (holders, holders.record(Grant::new(self.id, token, granted_at, until)))
+        });
+        self.critical_section(store, &permit, hold, &slot_counter(slot)).await;
+        let now = Instant::now();
+        self.history.released(id, now);
+        if let Some((holders, id)) = of_slot {
+            holders.released(id, now);
+        }
+        let _ = permit.release().await;
+        Ok(())
+    }
+
     /// Counts a grant whose whole attempt ran while the fault was in force.
     fn count_if_faulted(&self, attempt_started: Instant, granted_at: Instant) {
+        self.tally.clients_in.fetch_or(1 << self.id, Ordering::Relaxed);
         if self.window.covers(attempt_started, granted_at) {
             self.tally.granted_while_faulted.fetch_add(1, Ordering::Relaxed);
         }
@@ -270,14 +350,15 @@ impl Client {
         Ok(())
     }
 
-    /// A non-atomic read-modify-write of the counter: correct only under exclusion.
+    /// A non-atomic read-modify-write of `counter`: correct only under exclusion.
     async fn critical_section(
         &self,
         store: &mut MultiplexedConnection,
         lock: &impl Guard,
         hold: Duration,
+        counter: &str,
     ) {
-        let Ok(value) = store.get::<_, Option<u64>>(COUNTER).await else { return };
+        let Ok(value) = store.get::<_, Option<u64>>(counter).await else { return };
         let next = value.unwrap_or(0) + 1;
         tokio::time::sleep(hold).await;
         if lock.validity().is_zero() {
@@ -286,7 +367,7 @@ impl Client {
         }
         match lock.fencing_token() {
             Some(token) => {
-                match fenced_set(store, COUNTER, next.to_string().as_bytes(), token).await {
+                match fenced_set(store, counter, next.to_string().as_bytes(), token).await {
                     Ok(FencedWrite::Written) => {
                         self.tally.sections.fetch_add(1, Ordering::Relaxed);
                     }
@@ -297,7 +378,7 @@ impl Client {
                 }
             }
             None => {
-                if store.set::<_, _, ()>(COUNTER, next).await.is_ok() {
+                if store.set::<_, _, ()>(counter, next).await.is_ok() {
                     self.tally.sections.fetch_add(1, Ordering::Relaxed);
                 }
             }

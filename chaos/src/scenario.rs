@@ -32,7 +32,14 @@ pub enum Kind {
     Multi,
     /// `read` / `write`: two clients read (shares overlap), two write (exclusive).
     ReadWrite,
+    /// `semaphore(.., PERMITS)`: eight clients wait for one of two permits; at most two
+    /// hold at once, one per slot, and every client gets in.
+    Semaphore,
 }
+
+/// The permits of the counting lock, in the chaos scenarios and the fuzzer's schedules:
+/// fewer than the clients that contend for them.
+pub const PERMITS: u32 = 2;
 
 impl Kind {
     /// A short stable name, for tables.
@@ -43,6 +50,15 @@ impl Kind {
             Kind::Reentrant => "reentrant",
             Kind::Multi => "multi",
             Kind::ReadWrite => "read-write",
+            Kind::Semaphore => "semaphore",
+        }
+    }
+
+    /// How many clients contend: four, or eight waiting for the counting lock's permits.
+    pub fn clients(self) -> usize {
+        match self {
+            Kind::Semaphore => 8,
+            _ => 4,
         }
     }
 }
@@ -190,12 +206,13 @@ pub fn matrix() -> Vec<Scenario> {
     all
 }
 
-/// The faults that matter most, for every kind built on the plain lock: a minority killed,
+/// The faults that matter most, for every kind built on the plain lock (the counting lock's
+/// slots are plain locks too): a minority killed,
 /// paused, partitioned, reset or slowed (available, exclusive), and a majority killed
 /// (unavailable, exclusive).
 fn other_kinds(latency: Fault) -> Vec<Scenario> {
     let mut all = Vec::new();
-    for kind in [Kind::Fenced, Kind::Reentrant, Kind::Multi, Kind::ReadWrite] {
+    for kind in [Kind::Fenced, Kind::Reentrant, Kind::Multi, Kind::ReadWrite, Kind::Semaphore] {
         let of_kind = |name: String, fault, nodes, expect| Scenario {
             kind,
             ..Scenario::base(leak(format!("{}/{name}", kind.name())), fault, nodes, expect)

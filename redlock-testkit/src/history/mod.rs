@@ -239,10 +239,11 @@ impl History {
         exclusion::overlaps(&self.grants(), |a, b| a == Mode::Exclusive || b == Mode::Exclusive)
     }
 
-    /// How many pairs of shared grants, by different tokens, overlapped: evidence that
-    /// readers did share, so that a test of shared locks cannot pass by serializing them.
+    /// How many pairs of grants that may overlap, by different tokens, overlapped: two read
+    /// shares, or two permits. Evidence that readers (or permit holders) did share, so that
+    /// a test of shared locks or counting locks cannot pass by serializing them.
     pub fn shared_overlaps(&self) -> usize {
-        exclusion::overlaps(&self.grants(), |a, b| a == Mode::Shared && b == Mode::Shared).len()
+        exclusion::overlaps(&self.grants(), |a, b| a == b && a != Mode::Exclusive).len()
     }
 
     /// Every stretch of time during which more than `limit` grants, by different tokens,

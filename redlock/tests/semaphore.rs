@@ -6,14 +6,22 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use redlock::{ErrorKind, Permit, Retry};
+use redlock::{ErrorKind, Permit, Redlock, Retry};
 
 const RESOURCE: &str = "exports";
+
+/// A client with its connections open: on a loaded machine opening them can outlast the
+/// node timeout of a first attempt.
+async fn client(cluster: &redlock_testkit::Cluster) -> Redlock {
+    let rl = common::client(cluster);
+    common::warm(&rl).await;
+    rl
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn l_holders_at_once_and_the_next_is_refused_as_not_acquired() {
     let cluster = common::cluster(3);
-    let rl = common::client(&cluster);
+    let rl = client(&cluster).await;
     let mut permits = Vec::new();
     for _ in 0..3 {
         permits.push(rl.semaphore(RESOURCE, 3).once().await.unwrap());
@@ -37,7 +45,7 @@ async fn l_holders_at_once_and_the_next_is_refused_as_not_acquired() {
     let err = rl.semaphore(RESOURCE, 3).once().await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotAcquired, "{err}");
     // Another client sees the same.
-    let other = common::client(&cluster);
+    let other = client(&cluster).await;
     let err = other.semaphore(RESOURCE, 3).once().await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotAcquired, "{err}");
     for permit in permits {
@@ -48,7 +56,7 @@ async fn l_holders_at_once_and_the_next_is_refused_as_not_acquired() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_lets_exactly_one_more_in() {
     let cluster = common::cluster(3);
-    let rl = common::client(&cluster);
+    let rl = client(&cluster).await;
     let first = rl.semaphore(RESOURCE, 2).once().await.unwrap();
     let second = rl.semaphore(RESOURCE, 2).once().await.unwrap();
     let freed = first.slot();
@@ -64,7 +72,7 @@ async fn a_release_lets_exactly_one_more_in() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_is_woken_by_the_release_of_any_slot() {
     let cluster = common::cluster(3);
-    let rl = common::client(&cluster);
+    let rl = client(&cluster).await;
     // A pause far longer than the test: only a notification can wake the waiter in time.
     let slow = Retry::new()
         .with_delay(Duration::from_secs(30))
@@ -122,6 +130,7 @@ async fn zero_permits_is_a_config_error() {
 async fn a_cancelled_wait_or_attempt_leaves_nothing() {
     let mut cluster = common::cluster(5);
     let rl = common::builder(&cluster, Duration::from_secs(2)).build().unwrap();
+    common::warm(&rl).await;
     let held = rl.semaphore(RESOURCE, 2).once().await.unwrap();
     let other_slot = 1 - held.slot();
     let other_key = format!("{{{RESOURCE}}}:permit:{other_slot}");
@@ -170,12 +179,13 @@ async fn a_cancelled_wait_or_attempt_leaves_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_that_disagree_on_the_count_are_refused_as_config() {
     let cluster = common::cluster(3);
-    let two = common::client(&cluster);
+    let two = client(&cluster).await;
     let three = common::retrying(
         cluster.urls(),
         Duration::from_millis(200),
         Retry::new().with_max_wait(Duration::from_secs(30)),
     );
+    common::warm(&three).await;
     let held = two.semaphore(RESOURCE, 2).once().await.unwrap();
     let started = Instant::now();
     let err = three.semaphore(RESOURCE, 3).await.unwrap_err();
@@ -198,7 +208,7 @@ async fn another_count_left_on_a_minority_of_nodes_does_not_refuse_the_lock() {
     let cluster = common::cluster(3);
     let count_key = format!("{{{RESOURCE}}}:permits");
     cluster.node(0).set(&count_key, "7").unwrap();
-    let rl = common::client(&cluster);
+    let rl = client(&cluster).await;
     let permit = rl.semaphore(RESOURCE, 2).once().await.unwrap();
     assert_eq!(cluster.nodes_holding(&count_key, "2"), vec![1, 2]);
     assert_eq!(cluster.nodes_holding(&count_key, "7"), vec![0], "the other count is untouched");
@@ -208,7 +218,7 @@ async fn another_count_left_on_a_minority_of_nodes_does_not_refuse_the_lock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_works_with_with_lock_and_is_released_after_the_work() {
     let cluster = common::cluster(3);
-    let rl = common::client(&cluster);
+    let rl = client(&cluster).await;
     let other = rl.semaphore(RESOURCE, 2).once().await.unwrap();
     let slot = rl
         .with_lock(rl.semaphore(RESOURCE, 2).once(), |lease| async move {
@@ -228,7 +238,7 @@ async fn a_permit_works_with_with_lock_and_is_released_after_the_work() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_permit_is_released_and_its_slot_taken_again() {
     let cluster = common::cluster(3);
-    let rl = common::client(&cluster);
+    let rl = client(&cluster).await;
     let permit = rl.semaphore(RESOURCE, 1).once().await.unwrap();
     let key = permit.key().to_owned();
     drop(permit);
@@ -240,7 +250,7 @@ async fn a_dropped_permit_is_released_and_its_slot_taken_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_extension_renews_the_slot_and_keeps_the_count_as_long() {
     let cluster = common::cluster(3);
-    let rl = common::client(&cluster);
+    let rl = client(&cluster).await;
     let mut permit = rl.semaphore(RESOURCE, 2).once().await.unwrap();
     permit.extend(Duration::from_secs(60)).await.unwrap();
     assert!(permit.validity() > Duration::from_secs(50));
@@ -275,6 +285,9 @@ async fn eight_contending_clients_never_exceed_l_valid_holders_with_a_minority_d
     let clients: Vec<_> = (0..8)
         .map(|_| common::retrying(cluster.urls(), Duration::from_millis(200), retry))
         .collect();
+    for rl in &clients {
+        common::warm(rl).await;
+    }
     let mut tasks = Vec::new();
     for rl in clients {
         let (holders, most) = (holders.clone(), most.clone());

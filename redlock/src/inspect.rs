@@ -65,7 +65,7 @@ impl Redlock {
 
     /// Every node's view of `key`, and the holder a quorum agrees on.
     async fn inspect_key(&self, key: &str) -> Inspection {
-        let views = self.read_views(&key).await;
+        let views = self.read_views(key).await;
         let nodes: Vec<NodeView> = (self.core.nodes.iter().zip(views))
             .map(|(node, view)| match view {
                 Ok(view) => NodeView {

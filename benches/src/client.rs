@@ -31,20 +31,27 @@ pub enum Impl {
     OursRead,
     /// Ours, the write side of a read-write lock.
     OursWrite,
+    /// Ours, a permit of a counting lock of [`SEMAPHORE_PERMITS`] permits.
+    OursSemaphore,
 }
+
+/// The permits of the counting lock benchmarked: uncontended, an attempt takes the first
+/// slot it tries, so the count changes nothing but the keys.
+pub const SEMAPHORE_PERMITS: u32 = 2;
 
 impl Impl {
     /// Every implementation, the floor first.
     pub const ALL: [Impl; 4] = [Impl::Floor, Impl::Ours, Impl::Rslock, Impl::RedlockRs];
 
     /// Our plain lock and every other kind of ours, the plain lock first.
-    pub const KINDS: [Impl; 6] = [
+    pub const KINDS: [Impl; 7] = [
         Impl::Ours,
         Impl::OursFenced,
         Impl::OursReentrant,
         Impl::OursMulti,
         Impl::OursRead,
         Impl::OursWrite,
+        Impl::OursSemaphore,
     ];
 
     /// The name used in tables and benchmark ids.
@@ -59,6 +66,7 @@ impl Impl {
             Impl::OursMulti => "ours/multi(2)",
             Impl::OursRead => "ours/read",
             Impl::OursWrite => "ours/write",
+            Impl::OursSemaphore => "ours/semaphore(2)",
         }
     }
 
@@ -133,7 +141,8 @@ impl Client {
             | Impl::OursReentrant
             | Impl::OursMulti
             | Impl::OursRead
-            | Impl::OursWrite => {
+            | Impl::OursWrite
+            | Impl::OursSemaphore => {
                 let builder = Redlock::builder()
                     .nodes(urls.iter().cloned())
                     .ttl(settings.ttl)
@@ -339,6 +348,9 @@ async fn ours_lock_release(rl: &Redlock, kind: Impl, key: &str) -> Result<(), St
         }
         Impl::OursRead => rl.read(key).once().await.map_err(err)?.release().await,
         Impl::OursWrite => rl.write(key).once().await.map_err(err)?.release().await,
+        Impl::OursSemaphore => {
+            rl.semaphore(key, SEMAPHORE_PERMITS).once().await.map_err(err)?.release().await
+        }
         _ => rl.try_lock(key).await.map_err(err)?.release().await,
     }
     .map_err(err)

@@ -10,13 +10,16 @@
 //!   timeout);
 //! - `rslock`: the `rslock` crate (async);
 //! - `redlock-rs`: the `redlock` 2.x crate from crates.io (sync, run in `spawn_blocking`).
+//!
+//! Our other kinds ([`Impl::KINDS`]: fenced, reentrant, multi, read, write, a counting
+//! lock's permit) run against our plain lock in the same rounds.
 
 mod client;
 mod machine;
 mod run;
 mod stats;
 
-pub use client::{Client, Impl, Settings, Turns};
+pub use client::{Client, Impl, SEMAPHORE_PERMITS, Settings, Turns};
 pub use machine::machine_line;
 pub use run::{
     Batch, handoff_batch, hot_key_batch, latency_batch, throughput_batch, timed_concurrent,

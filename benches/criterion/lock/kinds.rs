@@ -1,5 +1,5 @@
-//! Every kind of ours against the plain lock, on five nodes: one lock+release after
-//! another, and 64 tasks on distinct keys.
+//! Every kind of ours (a counting lock's permit included) against the plain lock, on five
+//! nodes: one lock+release after another, and 64 tasks on distinct keys.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group};
 use redlock_benches::{Impl, runtime, timed_concurrent, timed_sequential};

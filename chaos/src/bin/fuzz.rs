@@ -2,10 +2,10 @@
 //!
 //! ```text
 //! cargo run --release -p redlock-chaos --bin fuzz [-- --schedules 2000] [--seed N]
-//!     [--only INDEX] [--broken-quorum]
+//!     [--only INDEX] [--broken-quorum] [--kinds plain,semaphore,...]
 //! ```
 
-use redlock_chaos::{FuzzConfig, fuzz};
+use redlock_chaos::{FuzzConfig, FuzzKind, fuzz};
 use redlock_testkit::Fuzz;
 
 #[tokio::main]
@@ -19,6 +19,7 @@ async fn main() {
             "--seed" => config.seed = number(args.next()) as u64,
             "--only" => config.only = Some(number(args.next())),
             "--parallel" => config.parallel = number(args.next()),
+            "--kinds" => config.kinds = kinds(args.next()),
             _ => usage(),
         }
     }
@@ -43,9 +44,23 @@ fn number(value: Option<String>) -> usize {
     value.and_then(|v| v.parse().ok()).unwrap_or_else(|| usage())
 }
 
+/// A comma-separated list of kind names, as the report prints them.
+fn kinds(value: Option<String>) -> Vec<FuzzKind> {
+    let value = value.unwrap_or_else(|| usage());
+    value
+        .split(',')
+        .map(|name| {
+            FuzzKind::ALL.into_iter().find(|kind| kind.name() == name).unwrap_or_else(|| usage())
+        })
+        .collect()
+}
+
 fn usage() -> ! {
+    let names: Vec<&str> = FuzzKind::ALL.iter().map(|kind| kind.name()).collect();
     eprintln!(
-        "usage: fuzz [--schedules N] [--seed N] [--only INDEX] [--parallel N] [--broken-quorum]"
+        "usage: fuzz [--schedules N] [--seed N] [--only INDEX] [--parallel N] [--broken-quorum] \
+         [--kinds {}]",
+        names.join(",")
     );
     std::process::exit(2)
 }

@@ -14,6 +14,10 @@ pub(crate) struct InspectArgs {
     /// One JSON object instead of lines of text.
     #[arg(long)]
     json: bool,
+    /// RESOURCE is a counting lock of N permits (`redlock run --permits N`): show each
+    /// permit's slot and holder.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    permits: Option<u32>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -37,6 +41,9 @@ pub(crate) async fn inspect(options: &Options, args: InspectArgs) -> u8 {
             return EXIT_FAILURE;
         }
     };
+    if let Some(permits) = args.permits {
+        return inspect_permits(&rl, &args, permits).await;
+    }
     let seen = match rl.inspect(&args.resource).await {
         Ok(seen) => seen,
         Err(err) => {
@@ -100,6 +107,74 @@ pub(crate) async fn inspect(options: &Options, args: InspectArgs) -> u8 {
         Verdict::Settled => 0,
         Verdict::Unknown | Verdict::Denied => EXIT_FAILURE,
     }
+}
+
+/// `redlock inspect --permits N`: each slot's holder on a quorum, and its nodes' views.
+async fn inspect_permits(rl: &redlock::Redlock, args: &InspectArgs, permits: u32) -> u8 {
+    let slots = match rl.inspect_permits(&args.resource, permits).await {
+        Ok(slots) => slots,
+        Err(err) => {
+            eprintln!("redlock: {err}");
+            shut_down(rl).await;
+            return EXIT_FAILURE;
+        }
+    };
+    let quorum = rl.quorum();
+    let verdicts: Vec<Verdict> = slots.iter().map(|seen| Verdict::of(seen, quorum)).collect();
+    let ms = |ttl: Option<std::time::Duration>| ttl.map(|ttl| ttl.as_millis());
+    let held = slots.iter().filter(|seen| seen.holder.is_some()).count();
+    if args.json {
+        let slots: Vec<String> = (slots.iter().zip(&verdicts).enumerate())
+            .map(|(slot, (seen, verdict))| {
+                let nodes: Vec<String> = (seen.nodes.iter())
+                    .map(|view| {
+                        format!(
+                            "{{\"node\":{},\"holder\":{},\"pttl_ms\":{},\"error\":{}}}",
+                            json(&view.node),
+                            view.holder.as_deref().map_or("null".to_owned(), json),
+                            ms(view.ttl).map_or("null".to_owned(), |ms| ms.to_string()),
+                            view.error.as_deref().map_or("null".to_owned(), json),
+                        )
+                    })
+                    .collect();
+                format!(
+                    "{{\"slot\":{slot},\"key\":{},\"holder\":{},\"settled\":{},\"nodes\":[{}]}}",
+                    json(&seen.key),
+                    seen.holder.as_deref().map_or("null".to_owned(), json),
+                    *verdict == Verdict::Settled,
+                    nodes.join(",")
+                )
+            })
+            .collect();
+        println!(
+            "{{\"resource\":{},\"permits\":{permits},\"held\":{held},\"quorum\":{quorum},\"slots\":[{}]}}",
+            json(&args.resource),
+            slots.join(",")
+        );
+    } else {
+        for (slot, (seen, verdict)) in slots.iter().zip(&verdicts).enumerate() {
+            let state = match (&seen.holder, verdict) {
+                (Some(holder), _) => format!("held by {holder}"),
+                (None, Verdict::Settled) => "free".to_owned(),
+                (None, Verdict::Unknown) => "unknown (too few nodes answered)".to_owned(),
+                (None, Verdict::Denied) => "unknown (a node refused the user)".to_owned(),
+            };
+            println!("permit {slot} ({}): {state}", seen.key);
+            for view in &seen.nodes {
+                match (&view.error, &view.holder) {
+                    (Some(err), _) => println!("  {}: not answered: {err}", view.node),
+                    (None, None) => println!("  {}: free", view.node),
+                    (None, Some(holder)) => {
+                        let pttl = ms(view.ttl).map_or("none".to_owned(), |ms| ms.to_string());
+                        println!("  {}: {holder} (pttl {pttl} ms)", view.node);
+                    }
+                }
+            }
+        }
+        println!("{held} of {permits} permits held on a quorum ({quorum} of {})", rl.node_count());
+    }
+    shut_down(rl).await;
+    if verdicts.iter().all(|verdict| *verdict == Verdict::Settled) { 0 } else { EXIT_FAILURE }
 }
 
 /// Whether an inspection answers the question "who holds it on a quorum".

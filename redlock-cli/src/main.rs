@@ -9,6 +9,7 @@
 mod admin;
 mod check;
 mod config;
+mod held;
 mod run;
 
 use std::process::ExitCode;
@@ -41,11 +42,12 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Runs a command while holding the lock on RESOURCE (no shell: the command is executed
-    /// directly, in its own process group).
+    /// Runs a command while holding the lock on RESOURCE, or with --permits N one of N permits
+    /// (no shell: the command is executed directly, in its own process group).
     #[command(after_help = run::AFTER_HELP)]
     Run(run::RunArgs),
-    /// Shows, per node, who holds RESOURCE and for how long (advisory).
+    /// Shows, per node, who holds RESOURCE (with --permits N: each of its N permits) and for
+    /// how long (advisory).
     Inspect(admin::InspectArgs),
     /// Frees RESOURCE on every node whoever holds it (an administrator's last resort).
     Release(admin::ReleaseArgs),

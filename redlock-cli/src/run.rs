@@ -11,12 +11,14 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
 use crate::config::{Options, Wait, parse_signal, parse_wait};
+use crate::held;
 use crate::{EXIT_CONFLICT, EXIT_FAILURE, EXIT_LOST, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND};
 
 /// The help text after the options: exit codes and the grace period.
 pub(crate) const AFTER_HELP: &str = "\
 The command gets REDLOCK_RESOURCE, REDLOCK_TOKEN and, with --fenced, REDLOCK_FENCING_TOKEN in
-its environment. SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 sent to redlock are
+its environment; with --permits N also REDLOCK_PERMIT_SLOT (0..N-1), and the conflict status
+when all N permits are held. SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 sent to redlock are
 forwarded to the command's process group.
 
 If the lock is lost while the command runs (a majority of nodes unreachable, the lock freed by
@@ -60,6 +62,11 @@ pub(crate) struct RunArgs {
     /// How long after --lost-signal the process group gets SIGKILL.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     kill_after: Duration,
+    /// Take one of N permits of RESOURCE (a counting lock: at most N commands at once, each
+    /// on its own slot, passed as REDLOCK_PERMIT_SLOT) instead of the lock. Every run of one
+    /// resource must use the same N.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    permits: Option<u32>,
     /// The exit status when the lock is held elsewhere.
     #[arg(long, default_value_t = EXIT_CONFLICT)]
     conflict_exit_code: u8,
@@ -93,15 +100,12 @@ pub(crate) async fn run(options: &Options, args: RunArgs) -> u8 {
         }
     };
 
-    let mut request = rl.lock(&args.resource).ttl(options.ttl);
-    if args.fenced {
-        request = request.fenced();
-    }
-    request = match args.wait {
-        Wait::Once => request.once(),
-        Wait::For(max_wait) => request.retry(waiting().with_max_wait(max_wait)),
-        Wait::Forever => request.retry(waiting()),
+    let wait = match args.wait {
+        Wait::Once => None,
+        Wait::For(max_wait) => Some(waiting().with_max_wait(max_wait)),
+        Wait::Forever => Some(waiting()),
     };
+    let request = held::acquire(&rl, &args.resource, args.permits, options.ttl, args.fenced, wait);
     let acquired = tokio::select! {
         acquired = request => acquired,
         Some(sig) = signals.recv() => {
@@ -120,6 +124,8 @@ pub(crate) async fn run(options: &Options, args: RunArgs) -> u8 {
                 "was not acquired by anyone (a split vote)"
             } else if err.writers_waiting() > 0 {
                 "is awaited by a writer"
+            } else if args.permits.is_some() {
+                "has every permit held elsewhere"
             } else {
                 "is held elsewhere"
             };
@@ -140,6 +146,9 @@ pub(crate) async fn run(options: &Options, args: RunArgs) -> u8 {
         .env("REDLOCK_RESOURCE", &args.resource)
         .env("REDLOCK_TOKEN", lock.token())
         .process_group(0);
+    if let Some(slot) = lock.slot() {
+        command.env("REDLOCK_PERMIT_SLOT", slot.to_string());
+    }
     if let Some(token) = lock.fencing_token() {
         command.env("REDLOCK_FENCING_TOKEN", token.to_string());
     }

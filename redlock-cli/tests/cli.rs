@@ -139,6 +139,59 @@ fn of_two_concurrent_runs_one_runs_and_the_other_exits_75_or_the_override() {
 }
 
 #[test]
+fn of_three_runs_with_two_permits_two_run_at_once_and_the_third_exits_75() {
+    let cluster = cluster(3);
+    let dir = scratch();
+    let (one, two) = (dir.join("one"), dir.join("two"));
+    // Each holder marks its slot and stays until the test is done with it.
+    let hold = |marker: &Path| {
+        let script = format!(
+            "echo $REDLOCK_PERMIT_SLOT > {}.tmp; mv {0}.tmp {0}; sleep 3",
+            marker.display()
+        );
+        redlock(&cluster)
+            .env("REDLOCK_TTL", "10s")
+            .args(["run", "--permits", "2", "--wait", "0", "exports"])
+            .args(sh(&script))
+            .spawn()
+            .unwrap()
+    };
+    let (first, second) = (hold(&one), hold(&two));
+    assert!(wait_for(&one, Duration::from_secs(10)) && wait_for(&two, Duration::from_secs(10)));
+    let slots = [&one, &two].map(|marker| std::fs::read_to_string(marker).unwrap());
+    let mut slots = slots.map(|slot| slot.trim().to_owned());
+    slots.sort();
+    assert_eq!(slots, ["0", "1"], "each run holds its own slot");
+    let third = redlock(&cluster)
+        .args(["run", "--permits", "2", "--wait", "0", "exports"])
+        .args(sh("exit 0"))
+        .output()
+        .unwrap();
+    assert_eq!(third.status.code(), Some(75), "{}", text(&third.stderr));
+    assert!(text(&third.stderr).contains("every permit held elsewhere"), "{}", text(&third.stderr));
+    let shown = redlock(&cluster).args(["inspect", "--permits", "2", "exports"]).output().unwrap();
+    let shown_text = text(&shown.stdout);
+    assert_eq!(shown.status.code(), Some(0), "{shown_text}");
+    assert!(shown_text.contains("permit 0 ({exports}:permit:0): held by "), "{shown_text}");
+    assert!(shown_text.contains("2 of 2 permits held on a quorum"), "{shown_text}");
+    for run in [first, second] {
+        let run = finish(run, Duration::from_secs(15));
+        assert_eq!(run.status.code(), Some(0), "{}", text(&run.stderr));
+    }
+    assert_eq!(
+        cluster.count_key("{exports}:permit:0") + cluster.count_key("{exports}:permit:1"),
+        0
+    );
+    let json = redlock(&cluster)
+        .args(["inspect", "--json", "--permits", "2", "exports"])
+        .output()
+        .unwrap();
+    assert!(text(&json.stdout).contains("\"held\":0"), "{}", text(&json.stdout));
+    let zero = redlock(&cluster).args(["run", "--permits", "0", "x"]).args(sh("exit 0")).output();
+    assert_eq!(zero.unwrap().status.code(), Some(2), "clap refuses zero permits");
+}
+
+#[test]
 fn sigterm_is_forwarded_and_every_key_is_gone_before_redlock_exits() {
     let cluster = cluster(3);
     let dir = scratch();

@@ -11,7 +11,8 @@ use crate::guard::Guard;
 use crate::lease::{self, Lease};
 use crate::quorum;
 use crate::request::{
-    Acquiring, LockRequest, MultiRequest, ReadRequest, ReentrantRequest, WriteRequest,
+    Acquiring, LockRequest, MultiRequest, ReadRequest, ReentrantRequest, SemaphoreRequest,
+    WriteRequest,
 };
 
 /// A client for distributed locks over N independent Redis masters.
@@ -29,6 +30,7 @@ use crate::request::{
 /// | [`reentrant`](Redlock::reentrant) | [`ReentrantLock`](crate::ReentrantLock) | re-acquirable by the same owner id |
 /// | [`many`](Redlock::many) | [`MultiLock`](crate::MultiLock) | several resources, all or none |
 /// | [`read`](Redlock::read) / [`write`](Redlock::write) | [`ReadLock`](crate::ReadLock) / [`WriteLock`](crate::WriteLock) | many readers or one writer |
+/// | [`semaphore`](Redlock::semaphore) | [`Permit`](crate::Permit) | at most L holders at once |
 /// | [`with_lock`](Redlock::with_lock) | [`Lease`] | any of the above, kept alive while work runs |
 #[derive(Clone)]
 pub struct Redlock {
@@ -175,6 +177,37 @@ impl Redlock {
         WriteRequest::new(&self.core, resource)
     }
 
+    /// Takes one of `permits` permits of `resource` (a counting lock, or semaphore: at most
+    /// `permits` holders at once), waiting per the retry policy.
+    ///
+    /// The resource has `permits` slots, each a plain lock of its own over the quorum; an
+    /// attempt tries them one round each, from a random slot on, until one is granted
+    /// ([`Permit::slot`](crate::Permit::slot) says which). Between attempts it is woken by
+    /// the release of any slot. The layout on the nodes, and why a count per node would
+    /// not be safe, are in [`crate::guide::semaphore`].
+    ///
+    /// ```no_run
+    /// # async fn run(rl: redlock::Redlock) -> Result<(), redlock::Error> {
+    /// // At most two nightly exports hit the warehouse at once.
+    /// let permit = rl.semaphore("warehouse-export", 2).await?;
+    /// println!("export on slot {}", permit.slot());
+    /// permit.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Every client of one resource must use the same `permits`: while a permit is held,
+    /// the nodes refuse a request with another count (and for a lease after the last
+    /// permit was taken, since the count expires with it), so two counts never mix.
+    ///
+    /// # Errors
+    /// As [`lock`](Redlock::lock), with
+    /// [`ErrorKind::NotAcquired`](crate::ErrorKind::NotAcquired) when every slot is held;
+    /// [`ErrorKind::Config`](crate::ErrorKind::Config) for `permits == 0`, an empty name,
+    /// or when the nodes hold permits of the resource granted with another count.
+    pub fn semaphore<'a>(&'a self, resource: &'a str, permits: u32) -> SemaphoreRequest<'a> {
+        SemaphoreRequest::new(&self.core, resource, permits)
+    }
+
     /// Shuts the client down, for a clean exit: takes no new locks (acquisitions fail with
     /// [`ErrorKind::Shutdown`](crate::ErrorKind::Shutdown)), releases every auto-extended
     /// lock still alive (their leases end), stops the release notifications and the waits
@@ -305,5 +338,6 @@ into_request! {
     ReentrantRequest => crate::ReentrantLock,
     MultiRequest => crate::MultiLock,
     ReadRequest => crate::ReadLock,
-    WriteRequest => crate::WriteLock
+    WriteRequest => crate::WriteLock,
+    SemaphoreRequest => crate::Permit
 }

@@ -34,6 +34,8 @@ scripts! {
     MULTI_RELEASE = "multi_release.lua";
     MULTI_EXTEND = "multi_extend.lua";
     MULTI_CHECK = "multi_check.lua";
+    PERMIT_ACQUIRE = "permit_acquire.lua";
+    PERMIT_EXTEND = "permit_extend.lua";
     REENTRANT_ACQUIRE = "reentrant_fields.lua", "hash_common.lua", "reentrant_acquire.lua";
     REENTRANT_RELEASE = "reentrant_fields.lua", "hash_common.lua", "hash_release.lua";
     REENTRANT_EXTEND = "reentrant_fields.lua", "hash_common.lua", "hash_extend.lua";

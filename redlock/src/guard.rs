@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 use crate::error::Result;
 
 /// What every lock guard can do: [`Lock`](crate::Lock), [`ReentrantLock`](crate::ReentrantLock),
-/// [`MultiLock`](crate::MultiLock), [`ReadLock`](crate::ReadLock) and
-/// [`WriteLock`](crate::WriteLock). Each also has these as inherent methods, so the trait is
-/// needed only for code generic over the kinds (as [`AutoLock`](crate::AutoLock) is).
+/// [`MultiLock`](crate::MultiLock), [`ReadLock`](crate::ReadLock),
+/// [`WriteLock`](crate::WriteLock) and [`Permit`](crate::Permit). Each also has these as
+/// inherent methods, so the trait is needed only for code generic over the kinds (as [`AutoLock`](crate::AutoLock) is).
 ///
 /// Sealed: only this crate's guards implement it.
 pub trait Guard:

@@ -47,7 +47,25 @@ impl Redlock {
     /// reported in their [`NodeView::error`], not as an error.
     pub async fn inspect(&self, resource: &str) -> Result<Inspection> {
         let key = self.core.config.key(resource)?;
-        let views = self.read_views(&key).await;
+        Ok(self.inspect_key(&key).await)
+    }
+
+    /// Asks every node what it holds for each of the `permits` slots of the counting lock
+    /// `resource` ([`Redlock::semaphore`]): one [`Inspection`] per slot, in slot order
+    /// (`Inspection::holder` is that permit's holder, if a quorum agrees). Read-only and
+    /// advisory, as [`inspect`](Redlock::inspect); every slot is asked at once.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`] for an invalid resource name or `permits == 0`.
+    pub async fn inspect_permits(&self, resource: &str, permits: u32) -> Result<Vec<Inspection>> {
+        let layout = crate::kinds::semaphore::Permits::new(&self.core.config, resource, permits)?;
+        let slots = (0..permits).map(|slot| layout.slot_key(slot)).collect::<Vec<_>>();
+        Ok(futures::future::join_all(slots.iter().map(|key| self.inspect_key(key))).await)
+    }
+
+    /// Every node's view of `key`, and the holder a quorum agrees on.
+    async fn inspect_key(&self, key: &str) -> Inspection {
+        let views = self.read_views(key).await;
         let nodes: Vec<NodeView> = (self.core.nodes.iter().zip(views))
             .map(|(node, view)| match view {
                 Ok(view) => NodeView {
@@ -72,7 +90,7 @@ impl Redlock {
                 nodes.iter().filter(|v| v.holder.as_deref() == Some(*holder)).count() >= quorum
             })
             .map(str::to_owned);
-        Ok(Inspection { key: key.to_string(), nodes, holder })
+        Inspection { key: key.to_string(), nodes, holder }
     }
 
     /// Every node's view of `key`, asked at once, in the order of the nodes.

@@ -215,9 +215,11 @@ pub use crate::kinds::multi::MultiLock;
 pub use crate::kinds::plain::Lock;
 pub use crate::kinds::reentrant::ReentrantLock;
 pub use crate::kinds::rwlock::{ReadLock, WriteLock, WriterPriority};
+pub use crate::kinds::semaphore::Permit;
 pub use crate::lease::{AutoLock, Lease};
 pub use crate::request::{
-    Acquiring, LockRequest, MultiRequest, ReadRequest, ReentrantRequest, WriteRequest,
+    Acquiring, LockRequest, MultiRequest, ReadRequest, ReentrantRequest, SemaphoreRequest,
+    WriteRequest,
 };
 pub use crate::retry::Retry;
 
@@ -249,6 +251,7 @@ mod send_checks {
         send_static::<MultiLock>();
         send_static::<ReadLock>();
         send_static::<WriteLock>();
+        send_static::<Permit>();
         send_static::<AutoLock<Lock>>();
         send_static::<AutoReadLock>();
         send_static::<AutoWriteLock>();
@@ -259,6 +262,8 @@ mod send_checks {
         send(&std::future::IntoFuture::into_future(rl.many(&["a"])));
         send(&std::future::IntoFuture::into_future(rl.read("r")));
         send(&std::future::IntoFuture::into_future(rl.write("r")));
+        send(&std::future::IntoFuture::into_future(rl.semaphore("r", 2)));
+        send(&rl.with_lock(rl.semaphore("r", 2), |lease| async move { lease.lost().await }));
         send(&rl.with_lock("r", |lease| async move { lease.lost().await }));
         send(&rl.with_lock(rl.write("r").once(), |lease| async move { lease.lost().await }));
         send(&lease.lost());

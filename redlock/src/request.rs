@@ -8,11 +8,12 @@ use std::time::Duration;
 
 use crate::config::Config;
 use crate::engine::{self, Core, Plan};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::kinds::multi::{Multi, MultiLock, Set};
 use crate::kinds::plain::{Lock, Plain};
 use crate::kinds::reentrant::{Reentrant, ReentrantLock};
 use crate::kinds::rwlock::{Intent, Mode, ReadLock, Share, WriteLock, WriterPriority};
+use crate::kinds::semaphore::{Permit, Permits};
 use crate::retry::Retry;
 
 /// The future of a request.
@@ -129,11 +130,23 @@ pub struct WriteRequest<'a> {
     options: Options,
 }
 
+/// A request for a [`Permit`] of a counting lock:
+/// [`Redlock::semaphore`](crate::Redlock::semaphore). Await it.
+#[derive(Debug)]
+#[must_use = "a lock request does nothing until it is awaited"]
+pub struct SemaphoreRequest<'a> {
+    core: &'a Arc<Core>,
+    resource: &'a str,
+    permits: u32,
+    options: Options,
+}
+
 options!(LockRequest);
 options!(ReentrantRequest);
 options!(MultiRequest);
 options!(ReadRequest);
 options!(WriteRequest);
+options!(SemaphoreRequest);
 
 impl<'a> LockRequest<'a> {
     pub(crate) fn new(core: &'a Arc<Core>, resource: &'a str, once: bool) -> Self {
@@ -181,6 +194,23 @@ impl<'a> WriteRequest<'a> {
     }
 
     /// Also takes a fencing token, as [`LockRequest::fenced`] does.
+    pub fn fenced(mut self) -> Self {
+        self.options.fenced = true;
+        self
+    }
+}
+
+impl<'a> SemaphoreRequest<'a> {
+    pub(crate) fn new(core: &'a Arc<Core>, resource: &'a str, permits: u32) -> Self {
+        Self { core, resource, permits, options: Options::default() }
+    }
+
+    /// Also takes a fencing token ([`Permit::fencing_token`]) for the permit's slot: larger
+    /// than that of any earlier grant of the same slot, not of the resource (L holders are
+    /// valid at once, so one order over all of them would fence out the other holders).
+    /// A store that keeps the highest token per `(resource, slot)` rejects the writes of a
+    /// permit whose lease ran out once its slot's next holder wrote. See
+    /// [`crate::guide::semaphore`].
     pub fn fenced(mut self) -> Self {
         self.options.fenced = true;
         self
@@ -280,6 +310,67 @@ impl<'a> IntoFuture for WriteRequest<'a> {
             Ok(WriteLock::from_claim(claim))
         })
     }
+}
+
+impl<'a> IntoFuture for SemaphoreRequest<'a> {
+    type Output = Result<Permit>;
+    type IntoFuture = Acquiring<'a, Permit>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move {
+            let core = self.core;
+            let permits = Permits::new(&core.config, self.resource, self.permits)?;
+            let plan = self.options.plan(&core.config)?;
+            let attempt = || try_slots(core, &plan, &permits);
+            let result =
+                engine::obtain_any(core, &plan, "permit", permits.count_key().clone(), attempt)
+                    .await;
+            match (result, permits.mismatch()) {
+                (Ok(claim), _) => Ok(Permit::from_claim(claim)),
+                // Refused for good by nodes that record another count.
+                (Err(err), Some(other)) if err.kind() == ErrorKind::WrongType => {
+                    Err(Error::config(format!(
+                        "`{}` is a counting lock of {other} permits on the nodes (while any is \
+                         held), not {}: every client must use the same count",
+                        permits.resource(),
+                        permits.permits()
+                    )))
+                }
+                (Err(err), _) => Err(err),
+            }
+        })
+    }
+}
+
+/// One attempt at a counting lock: one round per slot, from a random one on, until one is
+/// granted. Another outcome than contention ends it at once: nodes down or slow for one
+/// slot are so for all. Refused, it reports the slot round that got the most votes (a
+/// split vote the wait retries quickly, if any).
+async fn try_slots(
+    core: &Arc<Core>,
+    plan: &Plan,
+    permits: &Permits,
+) -> Result<engine::Claim<crate::kinds::semaphore::PermitHold>> {
+    let count = permits.permits();
+    let start = rand::random_range(0..count);
+    let mut refused: Option<Error> = None;
+    for i in 0..count {
+        // `start + i` modulo `count`, without overflow.
+        let slot = if i < count - start { start + i } else { i - (count - start) };
+        let hold = permits.hold(slot, label_of(core));
+        let attempt =
+            engine::Claim::acquire(core, hold, plan.ttl, permits.resource().clone(), plan.fenced);
+        match attempt.await {
+            Ok(claim) => return Ok(claim),
+            Err(err) if err.kind() == ErrorKind::NotAcquired => {
+                if refused.as_ref().is_none_or(|best| err.granted() > best.granted()) {
+                    refused = Some(err);
+                }
+            }
+            Err(err) => return Err(err),
+        }
+    }
+    Err(refused.unwrap_or_else(|| Error::config("a counting lock needs at least one permit")))
 }
 
 /// The client's owner label, for the tokens of its holds.

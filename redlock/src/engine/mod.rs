@@ -176,6 +176,39 @@ where
     result
 }
 
+/// Acquires per `plan` where one attempt is `attempt()` (which may run several rounds, as a
+/// counting lock's try of its slots does), waiting between attempts for a release
+/// published on `wake_key`'s channel or the policy's pause. The hold is one that does not
+/// exclude every other on `wake_key`: this client's waiters do not queue behind each other
+/// and its holds do not hold its waiters' timers back.
+pub(crate) async fn obtain_any<T, F, Fut>(
+    core: &Arc<Core>,
+    plan: &Plan,
+    kind: &'static str,
+    wake_key: Arc<str>,
+    mut attempt: F,
+) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let started = std::time::Instant::now();
+    let result = async {
+        // Held across the wait: a shutdown waits for it and ends it.
+        let _acquisition = core.tasks.acquisition();
+        let Some(retry) = &plan.retry else { return attempt().await };
+        let request = notify::Request::shared(kind, wake_key);
+        wait::until_acquired(core, retry, &request, attempt).await
+    }
+    .await;
+    let outcome = match &result {
+        Ok(_) => "granted",
+        Err(err) => err.kind().as_str(),
+    };
+    crate::telemetry::acquired(kind, outcome, started.elapsed());
+    result
+}
+
 /// Sends a wait's withdrawal when the wait ends without the lock, however it ends.
 struct GiveUp<'a> {
     core: &'a Arc<Core>,

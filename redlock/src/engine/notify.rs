@@ -145,6 +145,12 @@ impl Request {
         }
     }
 
+    /// The request of attempts that may take any of several holds whose releases are all
+    /// published on `key`'s channel (a counting lock's slots), none excluding the others.
+    pub(crate) fn shared(kind: &'static str, key: Arc<str>) -> Self {
+        Self { kind, keys: smallvec::smallvec![key], exclusive: false, intent: false }
+    }
+
     /// Every key of the hold.
     pub(crate) fn keys(&self) -> &Keys {
         &self.keys

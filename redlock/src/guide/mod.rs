@@ -11,3 +11,6 @@ pub mod fencing {}
 
 #[doc = include_str!("quarantine.md")]
 pub mod quarantine {}
+
+#[doc = include_str!("semaphore.md")]
+pub mod semaphore {}

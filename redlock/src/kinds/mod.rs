@@ -5,3 +5,4 @@ pub(crate) mod multi;
 pub(crate) mod plain;
 pub(crate) mod reentrant;
 pub(crate) mod rwlock;
+pub(crate) mod semaphore;

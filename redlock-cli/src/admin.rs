@@ -41,6 +41,8 @@ pub(crate) async fn inspect(options: &Options, args: InspectArgs) -> u8 {
             return EXIT_FAILURE;
         }
     };
+    // Every node at once first (see `run`); what failed, the inspection reports.
+    let _ = rl.connect().await;
     if let Some(permits) = args.permits {
         return inspect_permits(&rl, &args, permits).await;
     }
@@ -234,6 +236,8 @@ pub(crate) async fn release(options: &Options, args: ReleaseArgs) -> u8 {
             return EXIT_FAILURE;
         }
     };
+    // Every node at once first (see `run`); what failed, the release reports.
+    let _ = rl.connect().await;
     let code = match rl.force_release(&args.resource).await {
         Ok(answered) => {
             println!("{}: released on {answered} of {} nodes", args.resource, rl.node_count());

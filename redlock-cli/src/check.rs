@@ -205,6 +205,8 @@ async fn permissions(options: &Options) -> Vec<Finding> {
         Ok(rl) => rl,
         Err(err) => return vec![(true, format!("configuration: {err}"))],
     };
+    // Every node at once first (see `run`); what failed, the lock below reports.
+    let _ = rl.connect().await;
     let resource = format!("redlock-check:{}", std::process::id());
     let mut out = Vec::new();
     let mut denied = |err: &redlock::Error| {

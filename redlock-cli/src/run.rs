@@ -92,6 +92,11 @@ pub(crate) async fn run(options: &Options, args: RunArgs) -> u8 {
             return EXIT_FAILURE;
         }
     };
+    // Every node at once, before the first attempt: a cold start's connects (TCP, TLS,
+    // AUTH, the server check) are bounded by the connect timeout, not by the attempt's
+    // node timeout. What failed here, the attempt reports. Before the signal handlers: a
+    // signal meanwhile ends redlock at once, and nothing is held yet.
+    let _ = rl.connect().await;
     let mut signals = match forwarded_signals() {
         Ok(signals) => signals,
         Err(err) => {

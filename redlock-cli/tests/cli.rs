@@ -782,3 +782,48 @@ fn check_names_the_acl_rule_it_misses() {
     assert!(shown.contains("`info`") && shown.contains("+info"), "{shown}");
     assert!(!shown.contains("unreachable"), "{shown}");
 }
+
+/// `redlock run` with nothing but the nodes set (the default 50 ms node timeout, one
+/// attempt) over `faulty`'s proxies, each slowed by 10 ms each way (a 20 ms round trip;
+/// at 20 ms each way even a warm request has no room in the default 50 ms): a fresh
+/// process whose connects (TCP, TLS, `SCRIPT LOAD`, `INFO`: several round trips) do not
+/// fit in one node timeout. It connects to every node first, under the connect timeout.
+fn cold_run_over_slow_links(faulty: &redlock_testkit::FaultyCluster, tls: &[(&str, PathBuf)]) {
+    for i in 0..faulty.len() {
+        faulty.proxy(i).set_fault(redlock_testkit::NetFault::Latency {
+            fixed: Duration::from_millis(10),
+            jitter: Duration::ZERO,
+        });
+    }
+    let dir = scratch();
+    let ran = dir.join("ran");
+    let mut run = Command::new(BIN);
+    run.env("REDLOCK_NODES", faulty.urls().join(","));
+    for (name, path) in tls {
+        run.env(name, path);
+    }
+    let output =
+        run.args(["run", "cold"]).args(sh(&format!("touch {}", ran.display()))).output().unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    assert!(ran.exists(), "{}", text(&output.stderr));
+    assert_eq!(faulty.cluster().count_key("cold"), 0);
+}
+
+#[test]
+fn a_cold_run_over_slow_links_gets_the_lock_on_its_first_attempt_with_the_defaults() {
+    cold_run_over_slow_links(&redlock_testkit::FaultyCluster::start(3).unwrap(), &[]);
+}
+
+#[test]
+fn a_cold_run_over_slow_tls_links_gets_the_lock_on_its_first_attempt_with_the_defaults() {
+    use redlock_testkit::tls::{Certificates, ClientCerts};
+    let config = redlock_testkit::NodeConfig::new().tls(ClientCerts::Required);
+    let faulty = redlock_testkit::FaultyCluster::start_with(3, config).unwrap();
+    let certs = Certificates::get().unwrap();
+    let files = [
+        ("REDLOCK_TLS_CA", certs.ca().path().to_path_buf()),
+        ("REDLOCK_TLS_CERT", certs.client_cert().path().to_path_buf()),
+        ("REDLOCK_TLS_KEY", certs.client_key().path().to_path_buf()),
+    ];
+    cold_run_over_slow_links(&faulty, &files);
+}

@@ -25,8 +25,9 @@ impl Redlock {
 ///
 /// # Default
 /// - `ttl`: 10 s (the lease of `lock()` and `try_lock()`)
-/// - `node_timeout`: 50 ms per node, per request (connection set-up included)
-/// - `connect_timeout`: 1 s (the longest a shared connect may run in the background)
+/// - `node_timeout`: 50 ms per node, per request, from when its node has a connection
+/// - `connect_timeout`: 1 s (the longest one connection attempt may run; a request to a
+///   node with no connection waits for it first)
 /// - `drift_factor`: 0.01 (the drift allowance is `ttl x 0.01 + 2 ms`)
 /// - `retry`: [`Retry::default()`]
 /// - `key_prefix`: none (the key is the resource name)
@@ -146,15 +147,21 @@ impl RedlockBuilder {
         self
     }
 
-    /// How long one request to one node may take, connecting included; much shorter than
-    /// the TTL, so that a dead node costs little of the lease.
+    /// How long one request to one node may take once the node has a connection (see
+    /// [`connect_timeout`](Self::connect_timeout)); much shorter than the TTL, so that a
+    /// dead node costs little of the lease.
     pub fn node_timeout(mut self, timeout: Duration) -> Self {
         self.node_timeout = timeout;
         self
     }
 
-    /// How long one connection attempt may run. Callers never wait for it longer than
-    /// their node timeout; it goes on for the callers that come next.
+    /// How long one connection attempt (TCP, TLS, AUTH, the script preload, the server
+    /// check) may run. A request to a node with no connection waits for the connect first,
+    /// at most this long, and only then starts its node timeout: a connect is several round
+    /// trips, more than a node timeout sized for one. After a connect that failed, the next
+    /// one is waited for only within the node timeout (it goes on in the background for
+    /// the callers that come next), until one succeeds. [`Redlock::connect`] opens every
+    /// node's connection up front.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self

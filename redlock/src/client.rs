@@ -67,6 +67,33 @@ impl Redlock {
         self.core.config.ttl.duration()
     }
 
+    /// Opens every node's connection now, all at once, each bounded by the
+    /// [connect timeout](crate::RedlockBuilder::connect_timeout): a process that takes one
+    /// lock and exits (a command-line tool, a cron job) or must lock soon after it starts
+    /// pays the connects (TCP, TLS, AUTH, the script preload, the server check) here rather
+    /// than in its first attempt. Optional: a request to a node with no connection waits for
+    /// the connect first anyway (see the crate docs, "How a lock is taken"). Nodes already
+    /// connected answer at once.
+    ///
+    /// ```no_run
+    /// # async fn run(rl: redlock::Redlock) -> Result<(), redlock::Error> {
+    /// for node in rl.connect().await? {
+    ///     println!("{}: {}", node.node(), node.outcome()); // "ok", or why not
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable) when fewer than a quorum
+    /// of nodes could be connected to; [`Error::nodes`](crate::Error::nodes) says why each
+    /// failed (timed out, unreachable, a certificate or login refused). On `Ok`, the
+    /// reports say the same of each node, in the order of the nodes: a minority may still
+    /// have failed.
+    pub async fn connect(&self) -> Result<Vec<crate::NodeReport>> {
+        self.core.connect().await
+    }
+
     /// Locks `resource`, waiting per the [`Retry`](crate::Retry) policy; await the request.
     ///
     /// ```no_run

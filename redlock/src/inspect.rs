@@ -98,7 +98,13 @@ impl Redlock {
         let command = Command::script(&command::INSPECT, &[key], &[] as &[&[u8]], Resend::Safe);
         let timeout = self.core.config.node_timeout;
         let asks = self.core.nodes.iter().map(|node| {
-            let sent = tokio::time::timeout(timeout, node.send(&command));
+            // The node timeout starts once the node has a connection, as in a lock's round.
+            let sent = async {
+                match node.connect_first().await {
+                    Ok(()) => tokio::time::timeout(timeout, node.send(&command)).await,
+                    Err(failure) => Ok(crate::node::Reply::unconnected(failure)),
+                }
+            };
             async move {
                 match sent.await {
                     Err(_) => Err("timed out".to_owned()),

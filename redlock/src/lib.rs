@@ -46,6 +46,17 @@
 //! node that may hold it, including nodes that never answered: the release is queued on the
 //! same connection behind the `SET`, so it also reaches a `SET` that lands late.
 //!
+//! A node with no connection yet (the first request of a process, or the first after its
+//! connection broke) is first given the [connect timeout](RedlockBuilder::connect_timeout)
+//! to open one (TCP, TLS, AUTH, the script preload and the server check: several round
+//! trips), and its request's node timeout starts only then; after a connect that failed,
+//! the node gets only its node timeout until a connect succeeds. The round is still decided
+//! at the quorum without waiting for a node that is connecting, and validity still counts
+//! from the attempt's start, so a slow connect only shortens the lease (or, past it, makes
+//! the attempt `Expired`). A node that accepts connections and never answers holds an
+//! attempt that needs its vote at most `connect_timeout + node_timeout`, once per outage.
+//! [`Redlock::connect`] opens every node's connection at once, up front.
+//!
 //! Release and extend are compare-the-token Lua scripts (`EVALSHA`, reloaded after a node
 //! restart) sent to all nodes at once. They never delete or extend another owner's key.
 //!

@@ -9,6 +9,10 @@
 //!
 //! Requests carry no timer: callers bound them. Connections are opened by a task, so that a
 //! connect shared by callers on several runtimes never outlives the runtime polling it.
+//! A connect is bounded by the connect timeout, and a caller may wait for it first
+//! ([`Node::connect_first`]) so that its own timer covers only its exchange with the node:
+//! a cold start over a slow link (TCP, TLS, `SCRIPT LOAD`, `INFO`: several round trips)
+//! does not eat the node timeout of the first request.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
@@ -95,7 +99,7 @@ pub(crate) struct Reply {
 
 impl Reply {
     /// No connection could be had: nothing left the client.
-    fn unconnected(failure: Failure) -> Self {
+    pub(crate) fn unconnected(failure: Failure) -> Self {
         Reply { value: Err(failure), resent: false, written: false }
     }
 
@@ -174,6 +178,10 @@ pub(crate) struct Node {
     epoch: Instant,
     /// The generation of the newest connection that opened (0: none ever did).
     opened: AtomicU64,
+    /// The last connect failed (refused, timed out, a certificate or login refused): the
+    /// next one is waited for no longer than a request's node timeout, so that a node that
+    /// swallows connections costs each round at most one connect timeout per outage.
+    connect_failed: AtomicBool,
     /// The server processes the client's nodes reached, shared by all of them.
     servers: Arc<server::Servers>,
 }
@@ -207,6 +215,7 @@ impl Node {
             hung_until: AtomicU64::new(0),
             epoch: crate::clock::now(),
             opened: AtomicU64::new(0),
+            connect_failed: AtomicBool::new(false),
             servers,
         }
     }
@@ -305,6 +314,29 @@ impl Node {
                 "the node refused a release notification (an ACL user without the channel?): \
                  releases still work, waiters fall back to polling"
             );
+        }
+    }
+
+    /// Waits until the node has a connection, opening one if it has none, for at most the
+    /// connect timeout, so that the caller's node timeout starts only once it has one. Not
+    /// when the node's last connect failed: the caller's own timeout then bounds the next
+    /// connect, as it bounds the rest of its request (a node that swallows connections
+    /// costs a caller one connect timeout per outage, not one per request). `Err` when the
+    /// connect it waited for failed: nothing was sent.
+    pub(crate) async fn connect_first(&self) -> Result<(), Failure> {
+        if self.ready().is_some() || self.connect_failed.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        self.open_now().await
+    }
+
+    /// Opens the node's connection if it has none (for at most the connect timeout),
+    /// whatever happened to the last connect.
+    pub(crate) async fn open_now(&self) -> Result<(), Failure> {
+        // The connect bounds itself; this bounds a wait for one whose task never ends.
+        match tokio::time::timeout(self.connect_timeout, self.connection()).await {
+            Ok(connection) => connection.map(drop),
+            Err(_) => Err(Failure::ConnectTimedOut),
         }
     }
 
@@ -456,6 +488,7 @@ impl Node {
         if result.is_ok() {
             self.opened.fetch_max(generation, Ordering::AcqRel);
         }
+        self.connect_failed.store(result.is_err(), Ordering::Relaxed);
         let mut guard = self.lock_state();
         let (_, state) = &mut *guard;
         if matches!(state, State::Connecting { generation: g, .. } if *g == generation) {

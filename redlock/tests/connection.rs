@@ -1,10 +1,12 @@
-//! Connections: lazy, shared, and re-established after a node restarts.
+//! Connections: lazy, shared, and re-established after a node restarts; a cold start over
+//! slow links is bounded by the connect timeout, not by the first request's node timeout.
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use redlock::NodeOutcome;
+use redlock::{ErrorKind, NodeOutcome, Redlock, Retry};
+use redlock_testkit::{FaultyCluster, NetFault};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_down_at_build_time_are_used_once_they_come_up() {
@@ -96,4 +98,83 @@ async fn one_server_under_two_urls_gets_one_vote() {
     let err = rl.try_lock("k").await.unwrap_err();
     assert_eq!(err.kind(), redlock::ErrorKind::Unavailable, "{err}");
     assert!(err.to_string().contains("same server as node"), "{err}");
+}
+
+/// Each way, on every link of the slow-link tests.
+const SLOW: u64 = 10;
+
+/// Opening a connection is several round trips (TCP, `SCRIPT LOAD`, `INFO`): over links
+/// of 10 ms each way (a 20 ms round trip, 25-30 ms through the proxies on a loaded
+/// machine) that is more than the default 50 ms node timeout, which bounds only the
+/// request once its node has a connection. The first attempt of a fresh client with the
+/// defaults is granted. (At 20 ms each way a warm request alone, 40 ms and more, has no
+/// room in a 50 ms node timeout: such links need a longer one.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_attempt_over_slow_links_with_the_default_timeouts_is_granted() {
+    let faulty = FaultyCluster::start(3).unwrap();
+    for i in 0..faulty.len() {
+        faulty.proxy(i).set_fault(common::latency(SLOW));
+    }
+    let rl = Redlock::builder().nodes(faulty.urls()).retry(Retry::never()).build().unwrap();
+    let lock = rl.try_lock("k").await.unwrap();
+    // Decided at the quorum: the third node's yes may still be on its way.
+    assert!(faulty.cluster().nodes_holding("k", lock.token()).len() >= 2);
+    lock.release().await.unwrap();
+}
+
+/// `Redlock::connect` opens every node's connection at once and reports each; after it,
+/// the first attempt over slow links finds them open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_opens_every_node_at_once_and_reports_each() {
+    let faulty = FaultyCluster::start(3).unwrap();
+    for i in 0..faulty.len() {
+        faulty.proxy(i).set_fault(common::latency(SLOW));
+    }
+    let rl = Redlock::builder().nodes(faulty.urls()).retry(Retry::never()).build().unwrap();
+    let reports = rl.connect().await.unwrap();
+    assert_eq!(reports.len(), 3);
+    assert!(reports.iter().all(|r| *r.outcome() == NodeOutcome::Ok), "{reports:?}");
+    assert!((0..3).all(|i| faulty.proxy(i).connections() >= 1));
+    rl.try_lock("k").await.unwrap().release().await.unwrap();
+
+    // A majority that cannot be connected to: `Unavailable`, naming each node's failure.
+    let mut faulty = faulty;
+    faulty.cluster_mut().node_mut(0).kill().unwrap();
+    faulty.cluster_mut().node_mut(1).kill().unwrap();
+    let rl = Redlock::builder().nodes(faulty.urls()).build().unwrap();
+    let err = rl.connect().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert_eq!(err.faulty(), 2, "{err}");
+    assert_eq!(*err.nodes()[2].outcome(), NodeOutcome::Ok, "{err}");
+}
+
+/// A node that accepts connections and never answers (a blackholed link) from the start:
+/// the first attempt that needs its vote (the two others split) waits for its connect at
+/// most the connect timeout and then its node timeout, and is refused; the next attempt
+/// does not wait for a connect again, only its node timeout, while the node stays silent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_never_answers_holds_an_attempt_at_most_one_connect_timeout() {
+    const CONNECT: Duration = Duration::from_secs(2);
+    const NODE: Duration = Duration::from_millis(100);
+    let faulty = FaultyCluster::start(3).unwrap();
+    faulty.proxy(2).set_fault(NetFault::Blackhole);
+    // Another owner on node 1: node 0's yes needs node 2's to make a quorum.
+    faulty.cluster().node(1).set("k", "another-owner").unwrap();
+    let rl = Redlock::builder()
+        .nodes(faulty.urls())
+        .node_timeout(NODE)
+        .connect_timeout(CONNECT)
+        .retry(Retry::never())
+        .build()
+        .unwrap();
+    for attempt in 0..2 {
+        let started = Instant::now();
+        let err = rl.try_lock("k").await.unwrap_err();
+        let took = started.elapsed();
+        assert_eq!(err.kind(), ErrorKind::NotAcquired, "{err}");
+        let bound = if attempt == 0 { CONNECT + NODE } else { NODE };
+        // Generous: a loaded machine is slow, but not by a second.
+        assert!(took < bound + Duration::from_secs(1), "attempt {attempt} took {took:?}");
+    }
+    assert_eq!(faulty.cluster().count_key("k"), 1, "only the other owner's key");
 }

@@ -318,3 +318,191 @@ async fn eight_contending_clients_never_exceed_l_valid_holders_with_a_minority_d
     assert!(most <= L as usize, "{most} valid holders at once");
     assert_eq!(most, L as usize, "the permits were used in parallel");
 }
+
+/// Waits until every node counts at least `n` subscribers on the count key's channel.
+async fn subscribed(cluster: &redlock_testkit::Cluster, n: i64) -> bool {
+    let key = format!("{{{RESOURCE}}}:permits");
+    common::eventually(Duration::from_secs(10), || {
+        common::subscribers(cluster, &key).iter().all(|count| *count >= n)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_woken_by_each_release_even_of_slots_granted_on_different_quorums() {
+    let cluster = common::cluster(3);
+    let rl = client(&cluster).await;
+    let slot_key = |slot: u32| format!("{{{RESOURCE}}}:permit:{slot}");
+    let del = |node: usize, key: &str| cluster.node(node).command(&["DEL", key]).unwrap();
+    // A granted on nodes {0, 1}: node 2 holds both slots for someone else meanwhile.
+    cluster.node(2).set(&slot_key(0), "blocker").unwrap();
+    cluster.node(2).set(&slot_key(1), "blocker").unwrap();
+    let a = rl.semaphore(RESOURCE, 2).once().await.unwrap();
+    let b_slot = 1 - a.slot();
+    del(2, &slot_key(b_slot));
+    // B granted on nodes {1, 2}: node 0 holds B's slot for someone else meanwhile.
+    cluster.node(0).set(&slot_key(b_slot), "blocker").unwrap();
+    let b = rl.semaphore(RESOURCE, 2).once().await.unwrap();
+    assert_eq!(b.slot(), b_slot);
+    del(0, &slot_key(b_slot));
+    del(2, &slot_key(a.slot()));
+    assert_eq!(cluster.nodes_holding(&slot_key(a.slot()), a.token()), vec![0, 1]);
+    assert_eq!(cluster.nodes_holding(&slot_key(b_slot), b.token()), vec![1, 2]);
+
+    // Node 2 keeps A's slot for someone else again: a failed attempt on it sets nothing
+    // and publishes nothing.
+    cluster.node(2).set(&slot_key(a.slot()), "blocker").unwrap();
+
+    // Two waits of one client, whose pause is far longer than the test: only
+    // notifications wake them in time.
+    let slow = Retry::new()
+        .with_delay(Duration::from_secs(30))
+        .with_jitter(Duration::ZERO)
+        .with_max_wait(Duration::from_secs(120));
+    let waiter = client(&cluster).await;
+    let spawn_wait = || {
+        let waiter = waiter.clone();
+        tokio::spawn(async move { waiter.semaphore(RESOURCE, 2).retry(slow).await })
+    };
+    let first = spawn_wait();
+    assert!(subscribed(&cluster, 1).await, "the waiter subscribed");
+    let last = spawn_wait();
+    // Let the second wait fail its first attempt and queue.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // B's release (published on {1, 2}) lets the first wait in.
+    b.release().await.unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(10), first)
+        .await
+        .expect("the first wait is woken by B's release")
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.slot(), b_slot);
+    // The second wait, handed the wake-up, tries again meanwhile and finds both slots held.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // A's release (published on {0, 1}) frees A's slot on a quorum: it must wake the other.
+    a.release().await.unwrap();
+    let last = tokio::time::timeout(Duration::from_secs(10), last)
+        .await
+        .expect("the second wait is woken by A's release, not by its 30 s pause")
+        .unwrap()
+        .unwrap();
+    first.release().await.unwrap();
+    last.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_lock_on_a_slot_key_and_a_permit_of_that_slot_exclude_each_other() {
+    let cluster = common::cluster(3);
+    let rl = client(&cluster).await;
+    let slot_0 = format!("{{{RESOURCE}}}:permit:0");
+    let count_key = format!("{{{RESOURCE}}}:permits");
+    let plain = rl.lock(&slot_0).once().await.unwrap();
+    let err = rl.semaphore(RESOURCE, 1).once().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotAcquired, "{err}");
+    plain.release().await.unwrap();
+    let permit = rl.semaphore(RESOURCE, 1).once().await.unwrap();
+    let err = rl.lock(&slot_0).once().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotAcquired, "{err}");
+    let err = rl.lock(&count_key).once().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotAcquired, "the count key is not free: {err}");
+    assert_eq!(cluster.nodes_holding(&slot_0, permit.token()), vec![0, 1, 2]);
+    assert_eq!(cluster.nodes_holding(&count_key, "1"), vec![0, 1, 2]);
+    permit.release().await.unwrap();
+
+    // A plain lock holding the count key's name: the counting lock is refused, and its
+    // attempts leave the plain lock's key alone.
+    let other = "other";
+    let other_count = format!("{{{other}}}:permits");
+    let plain = rl.lock(&other_count).once().await.unwrap();
+    let err = rl.semaphore(other, 2).once().await.unwrap_err();
+    assert!(matches!(err.kind(), ErrorKind::Config | ErrorKind::NotAcquired), "{err}");
+    assert_eq!(cluster.nodes_holding(&other_count, plain.token()), vec![0, 1, 2]);
+    assert_eq!(cluster.count_key(&format!("{{{other}}}:permit:0")), 0);
+    assert_eq!(cluster.count_key(&format!("{{{other}}}:permit:1")), 0);
+    plain.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_permit_neither_releases_nor_extends_the_next_holder_of_its_slot() {
+    let cluster = common::cluster(3);
+    let rl = client(&cluster).await;
+    let mut stale = rl.semaphore(RESOURCE, 1).ttl(Duration::from_millis(300)).once().await.unwrap();
+    let key = stale.key().to_owned();
+    assert!(common::eventually(Duration::from_secs(5), || cluster.count_key(&key) == 0).await);
+    let next = rl.semaphore(RESOURCE, 1).once().await.unwrap();
+    assert!(stale.extend(Duration::from_secs(60)).await.is_err(), "a stale permit cannot extend");
+    let _ = stale.release().await;
+    assert_eq!(cluster.nodes_holding(&key, next.token()), vec![0, 1, 2]);
+    let long = cluster.pttls(&key).unwrap();
+    assert!(long.iter().all(|ttl| ttl.is_some_and(|ms| ms <= 10_000)), "{long:?}");
+    next.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_with_different_counts_are_never_valid_at_once_under_contention() {
+    use std::sync::{Arc, Mutex};
+    let cluster = common::cluster(3);
+    // (count, granted, end of validity or release)
+    let grants: Arc<Mutex<Vec<(u32, Instant, Instant)>>> = Arc::default();
+    let deadline = Instant::now() + Duration::from_secs(8);
+    let mut tasks = Vec::new();
+    for i in 0..6u32 {
+        let rl = client(&cluster).await;
+        let grants = grants.clone();
+        let count = if i.is_multiple_of(2) { 2 } else { 3 };
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0u32;
+            // The two-permit clients stop half-way: the three-permit ones can get in only
+            // once the count key has expired, so the hand-over (with permits left to
+            // expire) is exercised.
+            let deadline = if count == 2 { deadline - Duration::from_secs(4) } else { deadline };
+            while Instant::now() < deadline {
+                n += 1;
+                let ttl = Duration::from_millis(200 + u64::from(n % 4) * 100);
+                let Ok(permit) = rl.semaphore(RESOURCE, count).ttl(ttl).once().await else {
+                    tokio::time::sleep(Duration::from_millis(rand_ms(i, n))).await;
+                    continue;
+                };
+                let granted = Instant::now();
+                let valid_until = granted + permit.validity();
+                tokio::time::sleep(Duration::from_millis(rand_ms(i, n))).await;
+                if n.is_multiple_of(3) {
+                    // Left to expire: valid until its validity ends.
+                    std::mem::forget(permit);
+                    grants.lock().unwrap().push((count, granted, valid_until));
+                } else {
+                    let end = Instant::now().min(valid_until);
+                    permit.release().await.ok();
+                    grants.lock().unwrap().push((count, granted, end));
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(60), task).await.unwrap().unwrap();
+    }
+    let grants = grants.lock().unwrap();
+    let counts: BTreeSet<u32> = grants.iter().map(|g| g.0).collect();
+    for (i, a) in grants.iter().enumerate() {
+        for b in &grants[i + 1..] {
+            if a.0 != b.0 {
+                assert!(
+                    a.2 <= b.1 || b.2 <= a.1,
+                    "a {}-permit and a {}-permit valid at once",
+                    a.0,
+                    b.0
+                );
+            }
+        }
+        // At most `count` valid at the start of each grant.
+        let at_once = grants.iter().filter(|g| g.1 <= a.1 && a.1 < g.2).count();
+        assert!(at_once <= a.0 as usize, "{at_once} valid holders of a {}-permit lock", a.0);
+    }
+    assert_eq!(counts, BTreeSet::from([2, 3]), "both counts were granted");
+}
+
+/// A pseudo-random pause of 10-60 ms, different per client and round.
+fn rand_ms(i: u32, n: u32) -> u64 {
+    u64::from((i.wrapping_mul(7919) ^ n.wrapping_mul(104_729)) % 50 + 10)
+}

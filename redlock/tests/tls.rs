@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use redlock::{ErrorKind, Redlock, RedlockBuilder, Retry};
 use redlock_testkit::tls::{Certificates, ClientCerts};
-use redlock_testkit::{Cluster, NodeConfig};
+use redlock_testkit::{Cluster, FaultyCluster, NodeConfig};
 
 fn tls_cluster(client_certs: ClientCerts) -> Cluster {
     Cluster::start_with(3, NodeConfig::new().tls(client_certs)).unwrap()
@@ -209,4 +209,35 @@ fn waiting_with_an_unrelated_ca(cluster: &Cluster) -> Redlock {
         .retry(Retry::new().with_max_attempts(5).with_delay(Duration::from_millis(20)))
         .build()
         .unwrap()
+}
+
+/// With a certificate the nodes refuse, nothing of an attempt ever reaches a node: its
+/// clean-up sends nothing there and is not sent again, so each attempt costs a node one
+/// handshake, and the next attempt on the key is not held up behind clean-ups (three
+/// re-sends and their handshakes, ~0.5 s in a debug build, which timed the next attempts
+/// out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempts_with_a_wrong_ca_cost_each_node_one_handshake_and_no_clean_up() {
+    let faulty =
+        FaultyCluster::start_with(3, NodeConfig::new().tls(ClientCerts::Optional)).unwrap();
+    let certs = Certificates::get().unwrap();
+    let rl = Redlock::builder()
+        .nodes(faulty.urls())
+        .node_timeout(Duration::from_secs(5))
+        .retry(Retry::never())
+        .tls_root_ca(certs.unrelated_ca().pem())
+        .build()
+        .unwrap();
+    let attempts = 3;
+    for _ in 0..attempts {
+        let err = rl.try_lock("k").await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+        assert!(err.to_string().to_lowercase().contains("certificate"), "{err}");
+    }
+    rl.shutdown(Duration::from_secs(5)).await.unwrap();
+    for i in 0..faulty.len() {
+        let connects = faulty.proxy(i).accepted();
+        assert!(connects <= attempts, "node {i}: {connects} connects for {attempts} attempts");
+    }
+    assert_eq!(faulty.cluster().count_key("k"), 0);
 }

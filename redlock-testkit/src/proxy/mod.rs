@@ -171,6 +171,12 @@ impl Proxy {
         self.set_fault(NetFault::None);
     }
 
+    /// How many connections the proxy has accepted since it started, whatever became of
+    /// them: to count a client's connects (a refused TLS handshake included).
+    pub fn accepted(&self) -> u64 {
+        self.shared.accepted.load(Ordering::SeqCst)
+    }
+
     /// How many connections are being forwarded now (not counting those
     /// opened during a blackhole): to check that clients reconnected.
     pub fn connections(&self) -> usize {

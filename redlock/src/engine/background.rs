@@ -78,7 +78,9 @@ where
     move |node, slot, previous| {
         let tracked = core.undos.track_one(node, &keys, &slot);
         let command = command.clone();
-        let request = NodeCall { node, op, command, previous, after: After::new(), slot };
+        // Sent again only after a reconnect: since any connection opened.
+        let (after, since) = (After::new(), 0);
+        let request = NodeCall { node, op, command, previous, after, slot, since };
         let call = request.send(&core, read.clone());
         async move {
             let answer = call.await;

@@ -4,6 +4,11 @@
 //! - it goes out only after the requests it must follow on that node are over (`after`):
 //!   for an undo, the request it undoes; for an acquisition, this client's undos still in
 //!   flight on the same key;
+//! - a node with no connection yet is first given the connect timeout to open one
+//!   (TCP, TLS, AUTH, the script preload and the server check are several round trips, too
+//!   many for a node timeout sized for one), unless its last connect failed; a round is
+//!   still decided at the quorum without waiting for it, and validity counts from the
+//!   round's start, so a slow connect only shortens the lease;
 //! - its own exchange with the node is bounded by the node timeout; an acquisition's wait
 //!   counts against it too (it is worthless once the round is over), an undo's does not
 //!   (an undo whose clock ran while it waited could time out before it is even queued);
@@ -12,7 +17,10 @@
 //! - an undo lost with a connection that broke, or that could not be opened (a reset, not
 //!   a refusal or a timeout), is sent again on a new one, a few times after short pauses,
 //!   before its slot settles: it is safe to repeat, and without this a reset leaves the
-//!   key for a whole lease (the background retries only undos that timed out).
+//!   key for a whole lease (the background retries only undos that timed out); but not
+//!   where no connection to the node opened since what it undoes was made (`since`): then
+//!   nothing it undoes left the client (a refused certificate or login), and re-sending
+//!   would only hold up the client's next attempt on the key, which waits for it.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -39,13 +47,17 @@ pub(crate) struct NodeCall {
     pub(crate) after: After,
     /// Settled when it is over.
     pub(crate) slot: Slot,
+    /// The node's connection generation when the first request this call undoes was made
+    /// (0: the client's start, when not known).
+    pub(crate) since: u64,
 }
 
 impl NodeCall {
     /// A read-only check of node `node`, ordered after nothing: it changes nothing, so it
     /// may overtake whatever is in flight.
     pub(crate) fn check(node: usize, command: Arc<Command>, slot: Slot) -> NodeCall {
-        NodeCall { node, op: Op::Check, command, previous: None, after: After::new(), slot }
+        let (previous, after) = (None, After::new());
+        NodeCall { node, op: Op::Check, command, previous, after, slot, since: 0 }
     }
 
     /// The request as a future answering `(node, outcome)`; `read` says what the reply
@@ -58,7 +70,7 @@ impl NodeCall {
     where
         R: FnOnce(&Reply) -> Answer + Send + 'static,
     {
-        let Self { node: i, op, command, previous, after, slot } = self;
+        let Self { node: i, op, command, previous, after, slot, since } = self;
         let node = core.nodes[i].clone();
         let timeout = core.config.node_timeout;
         // Made before the future: a request dropped before its first poll settles too.
@@ -69,21 +81,36 @@ impl NodeCall {
             // queued behind this client's own requests says nothing of the node.
             let mut its_turn = false;
             let reply = if op == Op::Acquire {
-                let exchange = async {
-                    turn.wait_turn(&after).await;
-                    its_turn = true;
-                    node.send(&command).await
-                };
-                tokio::time::timeout(timeout, exchange).await
+                // Nothing is sent while it connects, so this overtakes nothing.
+                match node.connect_first().await {
+                    Err(failure) => Ok(Reply::unconnected(failure)),
+                    Ok(()) => {
+                        let exchange = async {
+                            turn.wait_turn(&after).await;
+                            its_turn = true;
+                            node.send(&command).await
+                        };
+                        tokio::time::timeout(timeout, exchange).await
+                    }
+                }
             } else {
                 turn.wait_turn(&after).await;
                 its_turn = true;
-                tokio::time::timeout(timeout, node.send(&command)).await
+                if op == Op::CleanUp && !node.may_have_reached(since) {
+                    // The attempt it cleans up is over and never left the client: no
+                    // connection opened since. A send would cost a connect that fails
+                    // like the attempt's, and the client's next attempt waits for it.
+                    return (i, NodeOutcome::Absent);
+                }
+                match node.connect_first().await {
+                    Err(failure) => Ok(Reply::unconnected(failure)),
+                    Ok(()) => tokio::time::timeout(timeout, node.send(&command)).await,
+                }
             };
             let reply = match reply {
                 Ok(reply) if reply.is_lost() && op.is_undo() => {
                     // Rare: boxed, so that every request's future stays small.
-                    Box::pin(undo_again(&node, &command, timeout, reply)).await
+                    Box::pin(undo_again(&node, &command, timeout, reply, since)).await
                 }
                 reply => reply.ok(),
             };
@@ -122,11 +149,14 @@ const UNDO_AGAIN: [Duration; 3] =
 /// pauses run out, or a try times out (`None`). The reply is marked re-sent once a try
 /// was written on a connection that broke: that try may have run, and "absent" then
 /// means done. A try that found no connection sent nothing, so its "absent" means absent.
+/// Not sent again while no connection opened since generation `since`: what it undoes
+/// never left the client either.
 async fn undo_again(
     node: &Node,
     command: &Command,
     timeout: Duration,
     first: Reply,
+    since: u64,
 ) -> Option<Reply> {
     if command.resend() != Resend::Safe {
         return Some(first);
@@ -134,6 +164,9 @@ async fn undo_again(
     let mut may_have_run = first.resent || first.written;
     let mut reply = first;
     for pause in UNDO_AGAIN {
+        if !node.may_have_reached(since) {
+            break;
+        }
         tokio::time::sleep(pause).await;
         let again = tokio::time::timeout(timeout, node.send(command)).await.ok()?;
         let resent = may_have_run || again.resent;

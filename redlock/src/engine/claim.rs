@@ -212,7 +212,9 @@ impl<P: Protocol> Claim<P> {
         let slot = slots.get(i);
         let previous = self.tails[i].replace(slot.clone());
         let proto = self.proto.clone();
-        let request = NodeCall { node: i, op, command: command.clone(), previous, after, slot };
+        let command = command.clone();
+        let since = self.generations[i];
+        let request = NodeCall { node: i, op, command, previous, after, slot, since };
         request.send(&self.core, move |reply| {
             if op == Op::Acquire {
                 proto.note_holder(i, reply);

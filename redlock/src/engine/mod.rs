@@ -57,6 +57,36 @@ impl Core {
 }
 
 impl Core {
+    /// Opens every node's connection at once (see `Redlock::connect`): `Ok` with each
+    /// node's outcome when a quorum connected.
+    pub(crate) async fn connect(&self) -> Result<Vec<crate::NodeReport>> {
+        let started = crate::clock::now();
+        let connects = self.nodes.iter().map(|node| async move {
+            match node.open_now().await {
+                Ok(()) => NodeOutcome::Ok,
+                Err(failure) => failure.outcome(),
+            }
+        });
+        let outcomes: round::Outcomes = futures::future::join_all(connects).await.into();
+        let connected = outcomes.iter().filter(|o| **o == NodeOutcome::Ok).count();
+        let round = round::Round {
+            outcomes,
+            settled: crate::quorum::Settled::Reached,
+            started_at: started,
+            decided_at: crate::clock::now(),
+            lingered: Default::default(),
+        };
+        let report = round.report(&self.nodes);
+        if connected >= report.quorum {
+            return Ok(report.nodes);
+        }
+        let message =
+            format!("only {connected} of {} nodes could be connected to", self.nodes.len());
+        Err(crate::error::Error::client(ErrorKind::Unavailable, message, report))
+    }
+}
+
+impl Core {
     /// Takes no new locks, has every auto-extended lock released, stops the notification
     /// subscribers and the waits, and waits until `deadline` for the acquisitions under
     /// way (each answers `Shutdown` and takes back what it set, unless decided before)
@@ -242,6 +272,7 @@ impl Drop for GiveUp<'_> {
                     previous: None,
                     after,
                     slot,
+                    since: self.generations[i],
                 };
                 request.send(core, protocol::script_answer)
             }),

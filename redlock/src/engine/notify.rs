@@ -400,8 +400,9 @@ impl ReleaseWatch {
 
     /// Whether this waiter's tick may pass without an attempt, which could only fail: a
     /// hold of this client that excludes every other is valid on the key (its release
-    /// wakes the first waiter) and this waiter's attempts record no intent, or the first of this client's waiters in line stands in
-    /// for this one: it is another one, its attempts are the same request (see
+    /// wakes the first waiter) and this waiter's attempts record no intent, or the first
+    /// of this client's waiters in line stands in for this one: it is another one, its
+    /// attempts are the same request (see
     /// [`Request::stands_in_for`]), its last attempt found the keys held, and it started
     /// one since `since` (this one's attempt could then only fail where the first one's
     /// did, and would do nothing the first one's did not). Returns how long the attempt it

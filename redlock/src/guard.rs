@@ -201,7 +201,8 @@ macro_rules! guard {
             #[doc = concat!("Keeps this ", $what, " on the nodes for `hold` from now, then lets go")]
             /// of it without releasing it: nobody gets the lock until `hold` has passed
             /// (the nodes' keys expire then), not even this client. The recipe for work that
-            /// must run once per schedule: take the lock with `.once()`, do the work, and on
+            /// must run once per schedule: take the lock (the default retry's few attempts
+            /// pull machines started together out of a split vote), do the work, and on
             /// success keep the lock until the end of the schedule's window, so that a
             /// machine that starts late (or retries, or waited) in the same window is
             /// refused instead of running the work again; on failure, release it so that
@@ -220,14 +221,14 @@ macro_rules! guard {
             /// # async fn nightly(rl: redlock::Redlock) -> redlock::Result<()> {
             /// # let run_the_draw = || async { Ok::<(), std::io::Error>(()) };
             /// use std::time::Duration;
-            /// let lock = match rl.lock("nightly-draw").once().await {
+            /// let lock = match rl.lock("nightly-draw").await {
             ///     Ok(lock) => lock,
             ///     // Another machine runs it, or ran it in this window already.
             ///     Err(err) if err.kind() == redlock::ErrorKind::NotAcquired => return Ok(()),
             ///     Err(err) => return Err(err),
             /// };
             /// match run_the_draw().await {
-            ///     // Until the next run is due (here: an hour before it, for late starters).
+            ///     // Held until an hour before tomorrow's run: a late start today is refused.
             ///     Ok(()) => lock.keep_for(Duration::from_secs(23 * 3600)).await,
             ///     Err(_) => lock.release().await,
             /// }

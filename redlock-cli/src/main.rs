@@ -9,6 +9,7 @@
 mod admin;
 mod check;
 mod config;
+mod once;
 mod run;
 
 use std::process::ExitCode;

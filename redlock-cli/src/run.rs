@@ -43,7 +43,8 @@ A refusal that was a split vote (nobody holds the lock; synchronised starters di
 nodes) is retried a few times within a second, even with --wait 0.
 
 Exit status: the command's own (128+N if it died of signal N); 75 when the lock is held
-elsewhere (--conflict-exit-code, e.g. 0 for cron fan-out); 124 when the lock was lost; 125
+elsewhere (--conflict-exit-code, e.g. 0 for cron fan-out); 124 when the lock was lost or
+could not be kept; 125
 for redlock's own failure (configuration, nodes unavailable, TLS, ACL); 126 when the command
 cannot be executed; 127 when it is not found; 128+N when redlock got signal N while waiting.";
 

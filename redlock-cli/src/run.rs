@@ -34,7 +34,9 @@ UTC time aligned to the Unix epoch (1d: UTC days; 1h: hours; 5m: :00, :05, ...),
 beginning 2 s (or a tenth of D, if shorter) before its boundary, and a run belongs to the
 window in which it starts. When the command succeeds the lock is not released but kept until
 the window ends, so a late start, a retry or a waiting run in that window exits with the
-conflict code; --wait never waits past the window. When the command fails the lock is
+conflict code; --wait never waits past the window, and a run granted in its window's last
+second (a twentieth of D, if shorter) gives the lock back without running the command, as
+the window's kept lock may just have expired. When the command fails the lock is
 released at once, so another machine may run it. Schedule the job inside its window (e.g.
 `0 2 * * *` with --once-per 1d), with clocks synchronised to within the lead, and make it
 shorter than the window.
@@ -123,9 +125,9 @@ pub(crate) async fn run(options: &Options, args: RunArgs) -> u8 {
     let wait = match (args.wait, window) {
         (Wait::Once, _) | (_, None) => args.wait,
         (Wait::For(max_wait), Some(window)) => {
-            Wait::For(max_wait.min(window.left(SystemTime::now())))
+            Wait::For(max_wait.min(window.open_for(SystemTime::now())))
         }
-        (Wait::Forever, Some(window)) => Wait::For(window.left(SystemTime::now())),
+        (Wait::Forever, Some(window)) => Wait::For(window.open_for(SystemTime::now())),
     };
     let request = || {
         let mut request = rl.lock(&args.resource).ttl(options.ttl);
@@ -169,6 +171,16 @@ pub(crate) async fn run(options: &Options, args: RunArgs) -> u8 {
             return EXIT_FAILURE;
         }
     };
+
+    if window.is_some_and(|window| window.open_for(SystemTime::now()).is_zero()) {
+        // Granted as the window closes: most likely as this window's kept lock expired.
+        eprintln!("redlock: {}: granted as its window closes: not running", args.resource);
+        if let Err(err) = lock.release().await {
+            eprintln!("redlock: release: {err}");
+        }
+        shut_down(&rl).await;
+        return args.conflict_exit_code;
+    }
 
     let mut command = tokio::process::Command::new(&args.command[0]);
     command

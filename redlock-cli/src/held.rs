@@ -118,4 +118,11 @@ impl AutoHeld {
             Self::Permit(auto) => auto.release().await,
         }
     }
+
+    pub(crate) async fn keep_for(self, hold: Duration) -> Result<()> {
+        match self {
+            Self::Lock(auto) => auto.keep_for(hold).await,
+            Self::Permit(auto) => auto.keep_for(hold).await,
+        }
+    }
 }

@@ -1,8 +1,9 @@
 //! `redlock`: run a command under a Redlock quorum lock, inspect a lock, free one by hand.
 //!
 //! Exit codes of `redlock run`: the command's own status (128 + N if it died of signal N);
-//! 75 when the lock is held elsewhere (`--conflict-exit-code`); 124 when the lock was lost
-//! while the command ran; 125 for redlock's own failure (configuration, nodes unavailable);
+//! 75 when the lock is held elsewhere (`--conflict-exit-code`; with `--once-per`, also when
+//! it was kept by this window's run); 124 when the lock was lost, or could not be kept, while
+//! the command ran; 125 for redlock's own failure (configuration, nodes unavailable);
 //! 126 when the command cannot be executed, 127 when it is not found; 128 + N when redlock
 //! itself got signal N while waiting for the lock.
 
@@ -10,6 +11,7 @@ mod admin;
 mod check;
 mod config;
 mod held;
+mod once;
 mod run;
 
 use std::process::ExitCode;
@@ -18,7 +20,7 @@ use clap::{Parser, Subcommand};
 
 /// The lock was held elsewhere.
 pub(crate) const EXIT_CONFLICT: u8 = 75;
-/// The lock was lost while the command ran.
+/// The lock was lost, or could not be kept, while the command ran.
 pub(crate) const EXIT_LOST: u8 = 124;
 /// redlock's own failure: configuration, nodes unavailable, TLS, ACL.
 pub(crate) const EXIT_FAILURE: u8 = 125;

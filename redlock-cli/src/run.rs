@@ -2,7 +2,7 @@
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
@@ -12,6 +12,7 @@ use tokio::sync::mpsc;
 
 use crate::config::{Options, Wait, parse_signal, parse_wait};
 use crate::held;
+use crate::once::Window;
 use crate::{EXIT_CONFLICT, EXIT_FAILURE, EXIT_LOST, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND};
 
 /// The help text after the options: exit codes and the grace period.
@@ -21,14 +22,33 @@ its environment; with --permits N also REDLOCK_PERMIT_SLOT (0..N-1), and the con
 when all N permits are held. SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 sent to redlock are
 forwarded to the command's process group.
 
-If the lock is lost while the command runs (a majority of nodes unreachable, the lock freed by
-`redlock release --force`, --max-hold reached), redlock sends --lost-signal to the command's
-process group, then SIGKILL after --kill-after. That grace period is time in which another
-holder may already run: two holders can overlap for up to --kill-after. Work that must never
-overlap should check a fencing token (--fenced, REDLOCK_FENCING_TOKEN) where it writes.
+If the lock cannot be kept while the command runs (a majority of nodes unreachable, --max-hold
+reached), redlock sends --lost-signal to the command's process group while enough of the
+lock's validity is left for SIGKILL to follow --kill-after later (a third of the lease if that
+is shorter) and still land before the validity ends, so the command is dead before another
+machine can get the lock. If the lock is found gone (freed by `redlock release --force`, a
+node set that lost it), the signal goes at once and SIGKILL --kill-after later: another holder
+may then run meanwhile. Work that must never overlap, pauses of this machine included,
+should check a fencing token (--fenced, REDLOCK_FENCING_TOKEN) where it writes.
+
+With --once-per D the command runs once per window of length D: windows are fixed spans of
+UTC time aligned to the Unix epoch (1d: UTC days; 1h: hours; 5m: :00, :05, ...), each
+beginning 2 s (or a tenth of D, if shorter) before its boundary, and a run belongs to the
+window in which it starts. When the command succeeds the lock is not released but kept until
+the window ends, so a late start, a retry or a waiting run in that window exits with the
+conflict code; --wait never waits past the window, and a run granted in its window's last
+second (a twentieth of D, if shorter) gives the lock back without running the command, as
+the window's kept lock may just have expired. When the command fails the lock is
+released at once, so another machine may run it. Schedule the job inside its window (e.g.
+`0 2 * * *` with --once-per 1d), with clocks synchronised to within the lead, and make it
+shorter than the window.
+
+A refusal that was a split vote (nobody holds the lock; synchronised starters divided the
+nodes) is retried a few times within a second, even with --wait 0.
 
 Exit status: the command's own (128+N if it died of signal N); 75 when the lock is held
-elsewhere (--conflict-exit-code, e.g. 0 for cron fan-out); 124 when the lock was lost; 125
+elsewhere (--conflict-exit-code, e.g. 0 for cron fan-out); 124 when the lock was lost or
+could not be kept; 125
 for redlock's own failure (configuration, nodes unavailable, TLS, ACL); 126 when the command
 cannot be executed; 127 when it is not found; 128+N when redlock got signal N while waiting.";
 
@@ -59,7 +79,8 @@ pub(crate) struct RunArgs {
     /// The signal sent to the command's process group when the lock is lost.
     #[arg(long, default_value = "TERM", value_parser = parse_signal)]
     lost_signal: Signal,
-    /// How long after --lost-signal the process group gets SIGKILL.
+    /// How long after --lost-signal the process group gets SIGKILL (a third of the lease at
+    /// most, when the lock could not be kept: the kill lands before its validity ends).
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     kill_after: Duration,
     /// Take one of N permits of RESOURCE (a counting lock: at most N commands at once, each
@@ -67,6 +88,10 @@ pub(crate) struct RunArgs {
     /// resource must use the same N.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     permits: Option<u32>,
+    /// Run the command once per window of this length (e.g. 1d, 1h): on success keep the
+    /// lock until the window ends instead of releasing it (see below).
+    #[arg(long, value_parser = crate::once::parse_period)]
+    once_per: Option<Duration>,
     /// The exit status when the lock is held elsewhere.
     #[arg(long, default_value_t = EXIT_CONFLICT)]
     conflict_exit_code: u8,
@@ -82,6 +107,8 @@ enum Event {
     Exited(std::io::Result<ExitStatus>),
     Signal(Signal),
     Lost(redlock::Error),
+    /// Little enough of the validity is left that the command must be stopped now.
+    Expiring,
 }
 
 pub(crate) async fn run(options: &Options, args: RunArgs) -> u8 {
@@ -105,14 +132,24 @@ pub(crate) async fn run(options: &Options, args: RunArgs) -> u8 {
         }
     };
 
-    let wait = match args.wait {
+    let window = args.once_per.map(|period| Window::of(period, SystemTime::now()));
+    // A run never waits past its window: the lock it waits for is kept until then.
+    let wait = match (args.wait, window) {
+        (Wait::Once, _) | (_, None) => args.wait,
+        (Wait::For(max_wait), Some(window)) => {
+            Wait::For(max_wait.min(window.open_for(SystemTime::now())))
+        }
+        (Wait::Forever, Some(window)) => Wait::For(window.open_for(SystemTime::now())),
+    };
+    let retry = match wait {
         Wait::Once => None,
         Wait::For(max_wait) => Some(waiting().with_max_wait(max_wait)),
         Wait::Forever => Some(waiting()),
     };
-    let request = held::acquire(&rl, &args.resource, args.permits, options.ttl, args.fenced, wait);
+    let (permits, fenced) = (args.permits, args.fenced);
+    let request = || held::acquire(&rl, &args.resource, permits, options.ttl, fenced, retry);
     let acquired = tokio::select! {
-        acquired = request => acquired,
+        acquired = retrying_split_votes(request) => acquired,
         Some(sig) = signals.recv() => {
             // The attempt in flight is dropped: whatever it set is released in the
             // background, and shutdown waits for that.
@@ -144,6 +181,16 @@ pub(crate) async fn run(options: &Options, args: RunArgs) -> u8 {
             return EXIT_FAILURE;
         }
     };
+
+    if window.is_some_and(|window| window.open_for(SystemTime::now()).is_zero()) {
+        // Granted as the window closes: most likely as this window's kept lock expired.
+        eprintln!("redlock: {}: granted as its window closes: not running", args.resource);
+        if let Err(err) = lock.release().await {
+            eprintln!("redlock: release: {err}");
+        }
+        shut_down(&rl).await;
+        return args.conflict_exit_code;
+    }
 
     let mut command = tokio::process::Command::new(&args.command[0]);
     command
@@ -177,12 +224,18 @@ pub(crate) async fn run(options: &Options, args: RunArgs) -> u8 {
         Some(max_hold) => lock.auto_extend_capped(max_hold),
         None => lock.auto_extend(),
     };
+    // What must be left of the validity when the lost signal goes, for the kill to land
+    // before it ends. A third of the lease: a healthy extender keeps about two thirds.
+    let grace = args.kill_after.min(options.ttl / 3);
 
     loop {
         let event = tokio::select! {
+            biased;
             status = child.wait() => Event::Exited(status),
             Some(sig) = signals.recv() => Event::Signal(sig),
             err = auto.lost() => Event::Lost(err),
+            // Wakes at least every second: a suspend of the machine does not move the timer.
+            () = tokio::time::sleep(auto.validity().saturating_sub(grace).min(Duration::from_secs(1))) => Event::Expiring,
         };
         match event {
             Event::Signal(sig) => {
@@ -198,8 +251,20 @@ pub(crate) async fn run(options: &Options, args: RunArgs) -> u8 {
                         EXIT_FAILURE
                     }
                 };
-                if let Err(err) = auto.release().await {
-                    eprintln!("redlock: release: {err}");
+                match window {
+                    // Kept, not released: a later run in the window must find it held.
+                    Some(window) if code == 0 => {
+                        if let Err(err) = auto.keep_for(window.left(SystemTime::now())).await {
+                            eprintln!(
+                                "redlock: the lock could not be kept until the window ends (another run in it may run the command again): {err}"
+                            );
+                        }
+                    }
+                    _ => {
+                        if let Err(err) = auto.release().await {
+                            eprintln!("redlock: release: {err}");
+                        }
+                    }
                 }
                 shut_down(&rl).await;
                 return code;
@@ -217,8 +282,66 @@ pub(crate) async fn run(options: &Options, args: RunArgs) -> u8 {
                 shut_down(&rl).await;
                 return EXIT_LOST;
             }
+            Event::Expiring => {
+                let left = auto.validity();
+                // An extension landed meanwhile, or the loss itself is next (`lost()`).
+                if left > grace || auto.lease().is_lost() {
+                    continue;
+                }
+                eprintln!(
+                    "redlock: the lock could not be kept (extensions failed): sending {} with {left:?} of its validity left, SIGKILL when it ends",
+                    args.lost_signal
+                );
+                if let Some(group) = group {
+                    let _ = killpg(group, args.lost_signal);
+                    if tokio::time::timeout(auto.validity(), child.wait()).await.is_err() {
+                        let _ = killpg(group, Signal::SIGKILL);
+                        let _ = child.wait().await;
+                    }
+                }
+                let _ = auto.release().await;
+                shut_down(&rl).await;
+                return EXIT_LOST;
+            }
         }
     }
+}
+
+/// How many more attempts a split vote gets, within [`SPLIT_VOTE_WINDOW`] of the first.
+const SPLIT_VOTE_RETRIES: u32 = 4;
+/// How long after the first attempt a split vote is still retried.
+const SPLIT_VOTE_WINDOW: Duration = Duration::from_secs(1);
+
+/// The acquisition `request()` makes, tried again when it ends in a split vote: nobody holds
+/// the lock, so synchronised starters (cron on every machine at once) would otherwise all
+/// give up. Random pauses pull them apart.
+async fn retrying_split_votes<R>(request: impl Fn() -> R) -> redlock::Result<held::Held>
+where
+    R: std::future::IntoFuture<Output = redlock::Result<held::Held>>,
+{
+    let began = tokio::time::Instant::now();
+    let mut retries = 0;
+    loop {
+        match request().await {
+            Err(err) if err.is_split_vote() && retries < SPLIT_VOTE_RETRIES => {
+                let pause = Duration::from_millis(50) + random_up_to(Duration::from_millis(150));
+                if began.elapsed() + pause > SPLIT_VOTE_WINDOW {
+                    return Err(err);
+                }
+                retries += 1;
+                tokio::time::sleep(pause).await;
+            }
+            result => return result,
+        }
+    }
+}
+
+/// A random duration in `[0, bound)`, from the standard library's per-process random keys.
+fn random_up_to(bound: Duration) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    let random = std::collections::hash_map::RandomState::new().build_hasher().finish();
+    let nanos = u64::try_from(bound.as_nanos()).unwrap_or(u64::MAX).max(1);
+    Duration::from_nanos(random % nanos)
 }
 
 /// Retries soon, for as long as the wait allows.

@@ -486,20 +486,23 @@ fn every_forwarded_signal_reaches_the_command_and_a_death_by_signal_n_exits_128_
 }
 
 /// `--max-hold` ends the hold like a lost lock: the group gets `--lost-signal` (here USR1,
-/// not the default TERM) and redlock exits 124, not before the cap.
+/// not the default TERM) a third of the lease before the cap (so that the KILL would land
+/// by it), and redlock exits 124.
 #[test]
 fn max_hold_ends_the_run_with_the_lost_signal_asked_for_and_124() {
     let cluster = cluster(3);
     let dir = scratch();
     let (started, got) = (dir.join("started"), dir.join("got-usr1"));
-    let traps = format!("trap 'touch {}; exit 0' USR1; trap '' TERM", got.display());
+    // `echo`, a builtin: the mark needs no new process before the KILL.
+    let traps = format!("trap 'echo > {}; exit 0' USR1; trap '' TERM", got.display());
     let began = Instant::now();
-    let args = ["--max-hold", "1s", "--lost-signal", "USR1", "--kill-after", "2s", "job"];
-    let child = run_looping(&cluster, Some("500ms"), &args, &traps, &started);
+    let args = ["--max-hold", "2s", "--lost-signal", "USR1", "--kill-after", "2s", "job"];
+    let child = run_looping(&cluster, Some("1500ms"), &args, &traps, &started);
     let output = finish(child, Duration::from_secs(10));
     assert_eq!(output.status.code(), Some(124), "{}", text(&output.stderr));
     assert!(got.exists(), "the command's group got USR1");
-    assert!(began.elapsed() >= Duration::from_secs(1), "ended before --max-hold");
+    // The cap less a third of the 1.5 s lease, and a little for the clock.
+    assert!(began.elapsed() >= Duration::from_millis(1400), "ended long before --max-hold");
     assert_eq!(cluster.count_key("job"), 0);
 }
 
@@ -826,4 +829,172 @@ fn a_cold_run_over_slow_tls_links_gets_the_lock_on_its_first_attempt_with_the_de
         ("REDLOCK_TLS_KEY", certs.client_key().path().to_path_buf()),
     ];
     cold_run_over_slow_links(&faulty, &files);
+}
+
+/// How many rounds the once-per-window checks run (`REDLOCK_ONCE_ROUNDS`; 3 in CI).
+fn once_rounds() -> usize {
+    std::env::var("REDLOCK_ONCE_ROUNDS").ok().and_then(|n| n.parse().ok()).unwrap_or(3)
+}
+
+/// The window length of the once-per-window checks, and how early each begins (a tenth).
+const WINDOW: Duration = Duration::from_secs(6);
+
+/// Sleeps until shortly after the next `--once-per 6s` window begins (its boundary less its
+/// lead), so that a round fits in one window.
+fn sleep_to_next_window() {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    let (period, lead) = (WINDOW.as_millis(), WINDOW.as_millis() / 10);
+    let begins = ((now.as_millis() + lead) / period + 1) * period - lead;
+    let wake = u64::try_from(begins - now.as_millis()).unwrap() + 100;
+    std::thread::sleep(Duration::from_millis(wake));
+}
+
+/// Three `redlock run --once-per` started together, one waiting with `--wait 30s`, and one
+/// started a second after the job finished: in every window the job ran exactly once; the
+/// others exit 75 (the waiter when the window ends, not later). With the job failing, the
+/// lock is released and another run (here the waiter) runs it.
+#[test]
+fn once_per_runs_the_job_once_per_window_and_a_failed_job_is_run_by_another_machine() {
+    let cluster = cluster(3);
+    let dir = scratch();
+    let once = |wait: &str, script: &str| {
+        redlock(&cluster)
+            // Five cold starts at once on a loaded machine: connecting takes a while.
+            .env("REDLOCK_NODE_TIMEOUT", "1s")
+            .args(["run", "--once-per", "6s", "--wait", wait, "draw"])
+            .args(sh(script))
+            .spawn()
+            .unwrap()
+    };
+    for round in 0..once_rounds() {
+        for fails_first in [false, true] {
+            let (ran, failed) =
+                (dir.join(format!("ran-{round}-{fails_first}")), dir.join("failed"));
+            // With `fails_first`, the first run to get the lock fails (and marks it).
+            let script = if fails_first {
+                format!(
+                    "sleep 0.2; if [ ! -e {f} ]; then touch {f}; exit 3; fi; echo x >> {r}",
+                    f = failed.display(),
+                    r = ran.display()
+                )
+            } else {
+                format!("sleep 0.2; echo x >> {}", ran.display())
+            };
+            let _ = std::fs::remove_file(&failed);
+            sleep_to_next_window();
+            let window_began = Instant::now();
+            let waiter = once("30s", &script);
+            let starters: Vec<Child> = (0..3).map(|_| once("0", &script)).collect();
+            let mut codes = Vec::new();
+            for run in starters {
+                let output = finish(run, Duration::from_secs(20));
+                codes.push((output.status.code(), text(&output.stderr)));
+            }
+            // The job has finished (or it is the waiter's, which the late run finds held).
+            std::thread::sleep(Duration::from_secs(1));
+            let late = finish(once("0", &script), Duration::from_secs(20));
+            codes.push((late.status.code(), text(&late.stderr)));
+            let waiter = finish(waiter, Duration::from_secs(20));
+            codes.push((waiter.status.code(), text(&waiter.stderr)));
+            assert!(
+                window_began.elapsed() < WINDOW + Duration::from_secs(2),
+                "round {round}: the waiter waited past its window: {codes:?}"
+            );
+            let lines = std::fs::read_to_string(&ran).unwrap_or_default().lines().count();
+            assert_eq!(lines, 1, "round {round} ({fails_first}): {codes:?}");
+            let ok = codes.iter().filter(|(code, _)| *code == Some(0)).count();
+            let failed = codes.iter().filter(|(code, _)| *code == Some(3)).count();
+            let conflicts = codes.iter().filter(|(code, _)| *code == Some(75)).count();
+            assert_eq!((ok, failed), (1, usize::from(fails_first)), "round {round}: {codes:?}");
+            assert_eq!(conflicts, 4 - failed, "round {round}: {codes:?}");
+        }
+    }
+}
+
+/// How many `SET`s node `i` has run (its command statistics).
+fn sets_on(cluster: &Cluster, i: usize) -> u64 {
+    let info = cluster.node(i).command(&["INFO", "commandstats"]).unwrap();
+    let info: String = redis::from_redis_value(info).unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_set:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().unwrap())
+}
+
+/// A first attempt that is a split vote (two other owners each on one node of three, the
+/// third free: nobody can hold a quorum) is retried with `--wait 0`, and gets the lock once
+/// the other owners are gone.
+#[test]
+fn a_split_vote_is_retried_even_without_waiting() {
+    let faulty = redlock_testkit::FaultyCluster::start(3).unwrap();
+    let cluster = faulty.cluster();
+    let dir = scratch();
+    let ran = dir.join("ran");
+    cluster.node(0).command(&["SET", "job", "owner-a", "PX", "20000"]).unwrap();
+    cluster.node(1).command(&["SET", "job", "owner-b", "PX", "20000"]).unwrap();
+    // The free node answers first: the attempt is decided on every node's answer, a split
+    // vote, rather than on the two refusals alone.
+    let slow = redlock_testkit::NetFault::Latency {
+        fixed: Duration::from_millis(20),
+        jitter: Duration::ZERO,
+    };
+    faulty.proxy(0).set_fault(slow);
+    faulty.proxy(1).set_fault(slow);
+    let run = redlock(cluster)
+        .env("REDLOCK_NODES", faulty.urls().join(","))
+        .env("REDLOCK_NODE_TIMEOUT", "1s")
+        .args(["run", "--wait", "0", "job"])
+        .args(sh(&format!("touch {}", ran.display())))
+        .spawn()
+        .unwrap();
+    // Frees the lock once the first attempt was refused on both (the pre-set SET counts one).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while (sets_on(cluster, 0) < 2 || sets_on(cluster, 1) < 2) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(sets_on(cluster, 2), 1, "one attempt so far");
+    cluster.node(0).command(&["DEL", "job"]).unwrap();
+    cluster.node(1).command(&["DEL", "job"]).unwrap();
+    let output = finish(run, Duration::from_secs(10));
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    assert!(ran.exists());
+}
+
+/// With a majority of nodes killed under a running command that ignores the lost signal,
+/// redlock sends it while a third of the lease is left and KILLs the command by the end of
+/// its validity: the command is dead before another `redlock run` gets the lock (the
+/// killed nodes restarted empty after a lease, as Redlock's delayed restart asks).
+#[test]
+fn with_a_majority_killed_the_command_is_dead_before_another_run_gets_the_lock() {
+    let mut cluster = cluster(3);
+    let dir = scratch();
+    let (started, got, pid) = (dir.join("started"), dir.join("got-term"), dir.join("pid"));
+    let traps = format!("echo $$ > {}; trap 'touch {}' TERM", pid.display(), got.display());
+    let first = run_looping(&cluster, Some("3s"), &["job"], &traps, &started);
+    let pid: u32 = std::fs::read_to_string(&pid).unwrap().trim().parse().unwrap();
+    cluster.node_mut(1).kill().unwrap();
+    cluster.node_mut(2).kill().unwrap();
+    let killed = Instant::now();
+    // What the next holder sees of the first command: alive, or gone (or a zombie).
+    let seen = dir.join("seen");
+    let check = format!(
+        "if [ -e /proc/{pid} ] && ! grep -q ') Z' /proc/{pid}/stat; then echo alive; else echo dead; fi > {}",
+        seen.display()
+    );
+    let second = redlock(&cluster)
+        .env("REDLOCK_TTL", "3s")
+        .args(["run", "--wait", "30s", "job"])
+        .args(sh(&check))
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(3500).saturating_sub(killed.elapsed()));
+    cluster.node_mut(1).restart_empty().unwrap();
+    cluster.node_mut(2).restart_empty().unwrap();
+    let second = finish(second, Duration::from_secs(30));
+    assert_eq!(second.status.code(), Some(0), "{}", text(&second.stderr));
+    let first = finish(first, Duration::from_secs(30));
+    assert_eq!(first.status.code(), Some(124), "{}", text(&first.stderr));
+    assert!(got.exists(), "the command got TERM first");
+    let seen = std::fs::read_to_string(&seen).unwrap();
+    assert_eq!(seen.trim(), "dead", "first: {}", text(&first.stderr));
 }

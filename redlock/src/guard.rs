@@ -34,6 +34,11 @@ pub trait Guard:
     fn release(self) -> impl Future<Output = Result<()>> + Send
     where
         Self: Sized;
+    /// Keeps the hold for `hold` from now and lets go of it without releasing it; see
+    /// [`Lock::keep_for`](crate::Lock::keep_for).
+    fn keep_for(self, hold: Duration) -> impl Future<Output = Result<()>> + Send
+    where
+        Self: Sized;
     #[doc(hidden)]
     fn start_auto_extend(self, max_hold: Option<Duration>) -> crate::AutoLock<Self>
     where
@@ -193,6 +198,53 @@ macro_rules! guard {
                 self.claim.release().await
             }
 
+            #[doc = concat!("Keeps this ", $what, " on the nodes for `hold` from now, then lets go")]
+            /// of it without releasing it: nobody gets the lock until `hold` has passed
+            /// (the nodes' keys expire then), not even this client. The recipe for work that
+            /// must run once per schedule: take the lock (the default retry's few attempts
+            /// pull machines started together out of a split vote), do the work, and on
+            /// success keep the lock until the end of the schedule's window, so that a
+            /// machine that starts late (or retries, or waited) in the same window is
+            /// refused instead of running the work again; on failure, release it so that
+            /// another machine may try. (The `redlock` command's `run --once-per` does
+            /// this; its manual says how it cuts time into windows.)
+            ///
+            /// It is one extension to `hold` (see `extend()`), and then the guard is gone
+            /// whatever the extension's outcome: nothing is released, since a release
+            /// would let the work run again. `Ok` means the extension reached a quorum: the
+            /// lock is held for `hold` (less the drift allowance) from this call. An `Err`
+            /// says it did not: the hold then ends when its current validity does (or at
+            /// once, for `NotHeld`), although nodes that took the extension keep their key
+            /// for `hold`.
+            ///
+            /// ```no_run
+            /// # async fn nightly(rl: redlock::Redlock) -> redlock::Result<()> {
+            /// # let run_the_draw = || async { Ok::<(), std::io::Error>(()) };
+            /// use std::time::Duration;
+            /// let lock = match rl.lock("nightly-draw").await {
+            ///     Ok(lock) => lock,
+            ///     // Another machine runs it, or ran it in this window already.
+            ///     Err(err) if err.kind() == redlock::ErrorKind::NotAcquired => return Ok(()),
+            ///     Err(err) => return Err(err),
+            /// };
+            /// match run_the_draw().await {
+            ///     // Held until an hour before tomorrow's run: a late start today is refused.
+            ///     Ok(()) => lock.keep_for(Duration::from_secs(23 * 3600)).await,
+            ///     Err(_) => lock.release().await,
+            /// }
+            /// # }
+            /// ```
+            ///
+            /// # Errors
+            /// As `extend()`: [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable) when
+            /// too few nodes answered, [`ErrorKind::NotHeld`](crate::ErrorKind::NotHeld)
+            /// when the hold was over or gone, [`ErrorKind::Expired`](crate::ErrorKind::Expired)
+            /// when the round used up `hold`, [`ErrorKind::Config`](crate::ErrorKind::Config)
+            /// for a `hold` out of range (nothing is sent then).
+            pub async fn keep_for(self, hold: ::std::time::Duration) -> $crate::Result<()> {
+                self.claim.keep(hold).await
+            }
+
             #[doc = concat!("Keeps this ", $what, " alive in the background (about every third")]
             /// of its lease) until it is released or lost, with a lost-lock signal
             /// ([`Lease::lost`](crate::Lease::lost)).
@@ -238,6 +290,10 @@ macro_rules! guard {
 
             async fn release(self) -> $crate::Result<()> {
                 $name::release(self).await
+            }
+
+            async fn keep_for(self, hold: ::std::time::Duration) -> $crate::Result<()> {
+                $name::keep_for(self, hold).await
             }
 
             fn start_auto_extend(self, max_hold: Option<::std::time::Duration>) -> $crate::AutoLock<Self> {

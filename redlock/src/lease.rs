@@ -251,6 +251,25 @@ impl<G: Guard> AutoLock<G> {
         }
     }
 
+    /// Stops the extension (waiting for one in flight, never racing it) and keeps the lock
+    /// for `hold` from now without releasing it; see [`Lock::keep_for`](crate::Lock::keep_for).
+    ///
+    /// # Errors
+    /// The loss if the lock was lost at any point (then nothing is kept), else the
+    /// extension's own error.
+    pub async fn keep_for(mut self, hold: Duration) -> Result<()> {
+        let lost = self.lease.end();
+        let guard = self.stop_extending().await;
+        self.status.send_modify(|s| s.end = s.end.take().or(Some(End::GivenUp("kept"))));
+        match (lost, guard) {
+            (Some(end), _) => Err(end.error(self.lease.resource())),
+            (None, Some(guard)) => guard.keep_for(hold).await,
+            (None, None) => {
+                Err(Error::local(ErrorKind::NotHeld, "the extender stopped", self.lease.resource()))
+            }
+        }
+    }
+
     async fn stop_extending(&mut self) -> Option<G> {
         if let Some(stop) = self.stop.take() {
             // An extender that already ended (lock lost) has dropped its receiver.

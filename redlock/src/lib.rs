@@ -284,4 +284,10 @@ mod send_checks {
         send(&auto.release());
         send(&lock.release());
     }
+
+    #[allow(dead_code)]
+    fn keeping_is_send(lock: Lock, auto: AutoLock<Lock>) {
+        send(&lock.keep_for(std::time::Duration::ZERO));
+        send(&auto.keep_for(std::time::Duration::ZERO));
+    }
 }

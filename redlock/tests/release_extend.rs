@@ -246,3 +246,138 @@ async fn releasing_an_expired_lease_with_most_nodes_paused_answers_not_held() {
     assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
     assert!(!err.is_retryable(), "{err}");
 }
+
+/// `keep_for` extends the hold and lets go of the guard without releasing: the keys stay
+/// for the new lease and refuse everyone; with a majority dead it says the hold was not
+/// kept on a quorum, and still releases nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_for_holds_the_lock_past_the_guard_and_says_whether_a_quorum_kept_it() {
+    let mut cluster = common::cluster(3);
+    let rl = common::client(&cluster);
+    let lock = rl.try_lock("kept").ttl(Duration::from_secs(2)).await.unwrap();
+    let token = lock.token().to_owned();
+    assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("kept") == 3).await);
+    lock.keep_for(Duration::from_secs(30)).await.unwrap();
+    for pttl in cluster.pttls("kept").unwrap() {
+        assert!(pttl.unwrap() > 20_000, "kept for the new lease: {pttl:?}");
+    }
+    // Well past the grant's own lease: still held for the same token, and refused to all.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(cluster.nodes_holding("kept", &token).len(), 3);
+    let err = rl.try_lock("kept").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotAcquired, "{err}");
+
+    let lock = rl.try_lock("job").await.unwrap();
+    assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("job") == 3).await);
+    let token = lock.token().to_owned();
+    cluster.node_mut(0).kill().unwrap();
+    cluster.node_mut(1).kill().unwrap();
+    let err = lock.keep_for(Duration::from_secs(30)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    // Not released: the survivor keeps our key, now for the longer lease.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(cluster.node(2).get("job").unwrap().as_deref(), Some(token.as_str()));
+    assert!(cluster.node(2).pttl("job").unwrap() > 20_000);
+}
+
+/// How many rounds the once-per-schedule checks run (`REDLOCK_ONCE_ROUNDS`; 3 in CI).
+fn once_rounds() -> usize {
+    std::env::var("REDLOCK_ONCE_ROUNDS").ok().and_then(|n| n.parse().ok()).unwrap_or(3)
+}
+
+/// One machine of a once-per-schedule job: its own client, the default retry (a few
+/// attempts, which also pulls synchronised starters out of a split vote), the job, then
+/// `keep_for` on success and `release` on failure. Whether it ran the job, and how.
+async fn once_machine(
+    urls: Vec<String>,
+    resource: String,
+    retry: redlock::Retry,
+    job: impl std::future::Future<Output = bool>,
+    keep: Duration,
+) -> Option<bool> {
+    let rl = common::retrying(urls, Duration::from_millis(200), retry);
+    let lock = match rl.lock(&resource).await {
+        Ok(lock) => lock,
+        Err(err) => {
+            assert_eq!(err.kind(), ErrorKind::NotAcquired, "{err}");
+            return None;
+        }
+    };
+    let succeeded = job.await;
+    if succeeded {
+        lock.keep_for(keep).await.unwrap();
+    } else {
+        lock.release().await.unwrap();
+    }
+    rl.shutdown(Duration::from_secs(5)).await.unwrap();
+    Some(succeeded)
+}
+
+/// The "run once per schedule" recipe: three machines started together, one waiting
+/// (for less than the keep), and one started a second after the job finished; in every
+/// round the job ran exactly once. With the job failing on its first run, the failure is
+/// released and another machine runs it (once): the waiter, or the late machine where the
+/// waiter was the one that failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_kept_after_success_runs_once_per_round_and_a_failed_one_is_run_by_another_machine() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let cluster = common::cluster(3);
+    let keep = Duration::from_secs(6);
+    let starter = redlock::Retry::new();
+    let waiter = redlock::Retry::new()
+        .with_unbounded_attempts()
+        .with_delay(Duration::from_millis(50))
+        .with_jitter(Duration::from_millis(100))
+        .with_max_wait(Duration::from_secs(2));
+    for round in 0..once_rounds() {
+        for fails_first in [false, true] {
+            let resource = format!("draw-{round}-{fails_first}");
+            let (runs, failures) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+            let job = || {
+                let (runs, failures) = (runs.clone(), failures.clone());
+                async move {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    if fails_first && failures.fetch_add(1, Ordering::SeqCst) == 0 {
+                        return false;
+                    }
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    true
+                }
+            };
+            let mut machines = Vec::new();
+            for retry in [starter, starter, starter, waiter] {
+                let urls = cluster.urls();
+                machines.push(tokio::spawn(once_machine(
+                    urls,
+                    resource.clone(),
+                    retry,
+                    job(),
+                    keep,
+                )));
+            }
+            let mut outcomes = Vec::new();
+            for machine in machines {
+                outcomes.push(machine.await.unwrap());
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let late = once_machine(cluster.urls(), resource.clone(), starter, job(), keep).await;
+            // Where the waiter got in first and failed, the starters had given up: the late
+            // machine is the other machine that runs it.
+            if !fails_first {
+                assert_eq!(
+                    late, None,
+                    "round {round}: the late machine ran it again: {outcomes:?}"
+                );
+            }
+            outcomes.push(late);
+            assert_eq!(
+                runs.load(Ordering::SeqCst),
+                1,
+                "round {round} ({fails_first}): {outcomes:?}"
+            );
+            let failed = outcomes.iter().filter(|o| **o == Some(false)).count();
+            assert_eq!(failed, usize::from(fails_first), "round {round}: {outcomes:?}");
+        }
+    }
+}

@@ -320,6 +320,19 @@ impl<P: Protocol> Claim<P> {
         }
     }
 
+    /// Extends the hold to `hold` from now, then lets go of it without releasing it: its
+    /// keys stay on the nodes until they expire. Whatever the extension's outcome nothing
+    /// is released (a hold the extension found gone was released by it already): a keep
+    /// exists so that nobody else gets the lock until then, and a release would undo that.
+    pub(crate) async fn keep(mut self, hold: Duration) -> Result<()> {
+        let result = self.extend(hold).await;
+        if self.armed {
+            self.count_end_unawaited("kept");
+            self.armed = false;
+        }
+        result
+    }
+
     /// Ends a hold that an extension found gone from too many nodes, or out of validity:
     /// its validity is over, and its keys are released in the background on every node,
     /// wherever they are left or the extension itself renewed or set them again (a plain

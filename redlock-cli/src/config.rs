@@ -19,8 +19,11 @@ pub(crate) struct Options {
     /// The lease of the lock, renewed while the command runs (e.g. `30s`).
     #[arg(long, env = "REDLOCK_TTL", default_value = "30s", value_parser = humantime::parse_duration, global = true)]
     pub(crate) ttl: Duration,
-    /// How long a node may take to answer one request (e.g. `50ms`).
-    #[arg(long, env = "REDLOCK_NODE_TIMEOUT", default_value = "50ms", value_parser = humantime::parse_duration, global = true)]
+    /// How long a node may take to answer one request, once connected (e.g. `50ms`). Longer
+    /// than the library's 50 ms: a job waits for no one's latency, and nodes behind TLS or in
+    /// another zone can take a few tens of milliseconds a round trip. Connecting has its own
+    /// timeout (`REDLOCK_CONNECT_TIMEOUT`), and every node is connected to at once first.
+    #[arg(long, env = "REDLOCK_NODE_TIMEOUT", default_value = "250ms", value_parser = humantime::parse_duration, global = true)]
     pub(crate) node_timeout: Duration,
     /// Put before every resource name to make its key.
     #[arg(long, env = "REDLOCK_KEY_PREFIX", default_value = "", global = true)]

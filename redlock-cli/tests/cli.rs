@@ -786,15 +786,14 @@ fn check_names_the_acl_rule_it_misses() {
     assert!(!shown.contains("unreachable"), "{shown}");
 }
 
-/// `redlock run` with nothing but the nodes set (the default 50 ms node timeout, one
-/// attempt) over `faulty`'s proxies, each slowed by 10 ms each way (a 20 ms round trip;
-/// at 20 ms each way even a warm request has no room in the default 50 ms): a fresh
-/// process whose connects (TCP, TLS, `SCRIPT LOAD`, `INFO`: several round trips) do not
-/// fit in one node timeout. It connects to every node first, under the connect timeout.
+/// `redlock run` with nothing but the nodes set (the command's default node timeout, one
+/// attempt) over `faulty`'s proxies, each slowed by 20 ms each way: a fresh process whose
+/// connects (TCP, TLS, `SCRIPT LOAD`, `INFO`: several round trips) do not fit in one node
+/// timeout. It connects to every node first, under the connect timeout.
 fn cold_run_over_slow_links(faulty: &redlock_testkit::FaultyCluster, tls: &[(&str, PathBuf)]) {
     for i in 0..faulty.len() {
         faulty.proxy(i).set_fault(redlock_testkit::NetFault::Latency {
-            fixed: Duration::from_millis(10),
+            fixed: Duration::from_millis(20),
             jitter: Duration::ZERO,
         });
     }

@@ -997,3 +997,45 @@ fn with_a_majority_killed_the_command_is_dead_before_another_run_gets_the_lock()
     let seen = std::fs::read_to_string(&seen).unwrap();
     assert_eq!(seen.trim(), "dead", "first: {}", text(&first.stderr));
 }
+
+/// Machine A, whose clock is 1.9 s ahead (clocks within the documented 2 s lead), ran the
+/// job in a `--once-per 20s` window and kept the lock until the window's end by its own
+/// clock (its keys, simulated here, expire 1.9 s before the true end). Machine B, on true
+/// time, starts late in the same window, 1.8 s before its end: the job already ran in this
+/// window, so B must exit with the conflict code and not run it again.
+#[test]
+fn a_late_start_within_the_lead_of_a_machine_whose_clock_is_ahead_does_not_run_the_job_again() {
+    let cluster = cluster(3);
+    let dir = scratch();
+    let ran = dir.join("ran");
+    let (period, lead) = (20_000u128, 2_000u128);
+    let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    // The window's end (its boundary less the lead), at least 3 s away.
+    let mut end = ((now().as_millis() + lead) / period + 1) * period - lead;
+    if end - now().as_millis() < 3_000 {
+        end += period;
+    }
+    let sleep_until = |at: u128| {
+        let left = at.saturating_sub(now().as_millis());
+        std::thread::sleep(Duration::from_millis(u64::try_from(left).unwrap()));
+    };
+    // A's kept keys: until its clock reads the window's end, 1.9 s before the true end.
+    sleep_until(end - 2_000);
+    for i in 0..3 {
+        cluster.node(i).command(&["SET", "draw", "machine-a", "PX", "100"]).unwrap();
+    }
+    sleep_until(end - 1_800);
+    let b = redlock(&cluster)
+        .args(["run", "--once-per", "20s", "--wait", "0", "draw"])
+        .args(sh(&format!("echo b >> {}", ran.display())))
+        .spawn()
+        .unwrap();
+    let b = finish(b, Duration::from_secs(10));
+    let ran_again = std::fs::read_to_string(&ran).unwrap_or_default();
+    assert_eq!(
+        (b.status.code(), ran_again.as_str()),
+        (Some(75), ""),
+        "B ran the job a second time in the window: {}",
+        text(&b.stderr)
+    );
+}

@@ -178,3 +178,39 @@ async fn a_node_that_never_answers_holds_an_attempt_at_most_one_connect_timeout(
     }
     assert_eq!(faulty.cluster().count_key("k"), 1, "only the other owner's key");
 }
+
+/// A refused attempt whose acquisition on a slow node is still waiting for its connect when
+/// the round is decided (the two fast nodes hold another owner's key): the acquisition goes
+/// on in the background and its `SET` lands once the connect opens, so its clean-up must not
+/// be skipped as "never left the client": no key of ours is left on the slow node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_attempt_whose_slow_connect_opens_after_the_round_leaves_no_key() {
+    let faulty = FaultyCluster::start(3).unwrap();
+    // A connect is several round trips: 150 ms each way makes it take about a second.
+    faulty.proxy(2).set_fault(common::latency(150));
+    for i in 0..2 {
+        faulty.cluster().node(i).set("k", "another-owner").unwrap();
+    }
+    let rl = Redlock::builder()
+        .nodes(faulty.urls())
+        .node_timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_secs(5))
+        .ttl(Duration::from_secs(30))
+        .retry(Retry::never())
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let err = rl.try_lock("k").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotAcquired, "{err}");
+    assert!(started.elapsed() < Duration::from_millis(900), "decided without the slow node");
+    // The slow node's acquisition and then its clean-up: well within 8 s.
+    let node = faulty.cluster().node(2);
+    let mut seen = Vec::new();
+    for _ in 0..80 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        seen.push(node.get("k").unwrap());
+    }
+    assert_eq!(node.get("k").unwrap(), None, "a key of the refused attempt was left: {seen:?}");
+    // The acquisition did land there: the clean-up had something to undo.
+    assert!(common::set_calls(node) >= 1, "the slow node never ran the SET: {seen:?}");
+}

@@ -381,3 +381,27 @@ async fn a_job_kept_after_success_runs_once_per_round_and_a_failed_one_is_run_by
         }
     }
 }
+
+/// A guard whose keys were replaced by another owner's on every node while its validity
+/// still runs (a forced release, then a new holder): `keep_for` asks the nodes, reports the
+/// hold gone, and the new owner's key keeps its own value and lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_for_after_the_lock_passed_to_another_owner_fails_and_leaves_the_owners_lease() {
+    let cluster = common::cluster(3);
+    let rl = common::builder(&cluster, Duration::from_millis(200))
+        .ttl(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    common::warm(&rl).await;
+    let lock = rl.try_lock("k").await.unwrap();
+    for i in 0..3 {
+        cluster.node(i).command(&["SET", "k", "other", "PX", "5000"]).unwrap();
+    }
+    let err = lock.keep_for(Duration::from_secs(60)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+    for i in 0..3 {
+        let node = cluster.node(i);
+        assert_eq!(node.get("k").unwrap().as_deref(), Some("other"));
+        assert!(node.pttl("k").unwrap() <= 5000, "the other owner's lease was extended");
+    }
+}

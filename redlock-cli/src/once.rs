@@ -38,13 +38,14 @@ impl Window {
         let index = (since_epoch + lead).as_nanos() / period_ns;
         let boundary = (index + 1).saturating_mul(period_ns);
         let end = Duration::from_nanos(u64::try_from(boundary).unwrap_or(u64::MAX)) - lead;
-        Self { end, closing: lead / 2 }
+        Self { end, closing: lead }
     }
 
-    /// How long a run of the window may still try to get the lock, at `now`: until half the
-    /// lead before its end. The lock kept by the window's run expires at the end, by the
-    /// clock of the machine that kept it; a run granted at the end would run the command a
-    /// second time in the window (and a machine whose clock is behind sees the end later).
+    /// How long a run of the window may still try to get the lock, at `now`: until the lead
+    /// before its end. The lock kept by the window's run expires at the end, by the clock of
+    /// the machine that kept it; a run granted after that would run the command a second
+    /// time in the window. Stopping a whole lead early keeps that from happening for clocks
+    /// that differ by up to the lead, the skew the lead absorbs at the window's start too.
     pub(crate) fn open_for(&self, now: SystemTime) -> Duration {
         self.left(now).saturating_sub(self.closing)
     }
@@ -93,8 +94,9 @@ mod tests {
         assert_eq!(window, Window::of(Duration::from_secs(DAY), at(10 * DAY + 2 * 3600 + 1, 0)));
         assert_eq!(window, Window::of(Duration::from_secs(DAY), at(10 * DAY + 22 * 3600, 0)));
         assert_eq!(window.left(at(11 * DAY, 0)), Duration::ZERO);
-        assert_eq!(window.open_for(at(11 * DAY - 3, 0)), Duration::ZERO);
-        assert_eq!(window.open_for(at(11 * DAY - 4, 0)), Duration::from_secs(1));
+        // Runs stop trying the lead (2 s) before the end (2 s before midnight).
+        assert_eq!(window.open_for(at(11 * DAY - 4, 0)), Duration::ZERO);
+        assert_eq!(window.open_for(at(11 * DAY - 5, 0)), Duration::from_secs(1));
     }
 
     #[test]

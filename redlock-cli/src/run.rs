@@ -36,9 +36,9 @@ UTC time aligned to the Unix epoch (1d: UTC days; 1h: hours; 5m: :00, :05, ...),
 beginning 2 s (or a tenth of D, if shorter) before its boundary, and a run belongs to the
 window in which it starts. When the command succeeds the lock is not released but kept until
 the window ends, so a late start, a retry or a waiting run in that window exits with the
-conflict code; --wait never waits past the window, and a run granted in its window's last
-second (a twentieth of D, if shorter) gives the lock back without running the command, as
-the window's kept lock may just have expired. When the command fails the lock is
+conflict code; a run stops trying the lead before its window ends (--wait never waits past
+that), and one granted after that gives the lock back without running the command, as the
+window's kept lock may just have expired by a clock ahead of its own. When the command fails the lock is
 released at once, so another machine may run it. Schedule the job inside its window (e.g.
 `0 2 * * *` with --once-per 1d), with clocks synchronised to within the lead, and make it
 shorter than the window.
@@ -252,8 +252,9 @@ pub(crate) async fn run(options: &Options, args: RunArgs) -> u8 {
                     }
                 };
                 match window {
-                    // Kept, not released: a later run in the window must find it held.
-                    Some(window) if code == 0 => {
+                    // Kept, not released: a later run in the window must find it held. A
+                    // job that outlived its window releases: the next window's run is due.
+                    Some(window) if code == 0 && !window.left(SystemTime::now()).is_zero() => {
                         if let Err(err) = auto.keep_for(window.left(SystemTime::now())).await {
                             eprintln!(
                                 "redlock: the lock could not be kept until the window ends (another run in it may run the command again): {err}"

@@ -207,7 +207,21 @@ impl Script {
 /// script's hash and line find the command in our own source. `None` for any other message.
 pub(crate) fn explain_refusal(message: &str) -> Option<String> {
     const REFUSED: &str = "can't run this command or subcommand";
-    if !message.contains(REFUSED) || message.contains("NOPERM") {
+    // Valkey names the command itself, still without the NOPERM code.
+    const NAMED: &str = "has no permissions to run the '";
+    if message.contains("NOPERM") {
+        return None;
+    }
+    if let Some((_, rest)) = message.split_once(NAMED)
+        && let Some((command, _)) = rest.split_once('\'')
+    {
+        let command = command.to_ascii_lowercase();
+        return Some(format!(
+            "NOPERM this user has no permissions to run the '{command}' command in a redlock \
+             script (allow `+{command}`): {message}"
+        ));
+    }
+    if !message.contains(REFUSED) {
         return None;
     }
     let named = (|| {
@@ -288,6 +302,16 @@ mod tests {
         assert_eq!(args_in[1].size(), written[5].len());
         let fallback = args(&command.fallback().unwrap());
         assert_eq!(fallback[2..], written[2..]);
+    }
+
+    #[test]
+    fn a_command_refused_in_a_script_by_valkey_is_named_with_noperm() {
+        let said = "ERR ACL failure in script: User u has no permissions to run the 'hset' \
+                    command script: on @user_script:74.";
+        let explained = explain_refusal(said).unwrap();
+        assert!(explained.starts_with("NOPERM"), "{explained}");
+        assert!(explained.contains("'hset' command") && explained.contains("`+hset`"));
+        assert_eq!(explain_refusal("NOPERM already says it"), None);
     }
 
     #[test]

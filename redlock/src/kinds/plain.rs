@@ -20,8 +20,30 @@ use crate::error::NodeOutcome;
 use crate::guard::guard;
 use crate::node::Reply;
 
-/// Who held the key on which node, as acquisitions' replies named them.
-type Holders = std::sync::Mutex<smallvec::SmallVec<[(usize, Arc<str>); 1]>>;
+/// Who held the key on which node, as a `SET ... NX GET` acquisition's replies named them (no
+/// allocation until a refusal): what tells a split vote from a holder of a quorum.
+#[derive(Debug, Default)]
+pub(crate) struct Holders(std::sync::Mutex<smallvec::SmallVec<[Held; 1]>>);
+
+/// A node and the holder it named.
+type Held = (usize, Arc<str>);
+
+impl Holders {
+    /// Notes the holder `reply` names on node `node`, unless it is `token` (our own).
+    pub(crate) fn note(&self, token: &[u8], node: usize, reply: &Reply) {
+        if let Ok(Value::BulkString(holder)) = &reply.value
+            && holder.as_slice() != token
+        {
+            let holder: Arc<str> = String::from_utf8_lossy(holder).into();
+            self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push((node, holder));
+        }
+    }
+
+    /// The holders noted so far, by node.
+    pub(crate) fn list(&self) -> Vec<(usize, Arc<str>)> {
+        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).to_vec()
+    }
+}
 
 /// One acquisition of one key.
 #[derive(Debug)]
@@ -79,18 +101,11 @@ impl Protocol for Plain {
     }
 
     fn note_holder(&self, node: usize, reply: &Reply) {
-        if let Ok(Value::BulkString(holder)) = &reply.value
-            && holder.as_slice() != self.id.token.as_bytes()
-        {
-            let holder: Arc<str> = String::from_utf8_lossy(holder).into();
-            let mut holders = self.holders.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            holders.push((node, holder));
-        }
+        self.holders.note(self.id.token.as_bytes(), node, reply);
     }
 
     fn holders(&self) -> Vec<(usize, Arc<str>)> {
-        let holders = self.holders.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        holders.to_vec()
+        self.holders.list()
     }
 
     fn answer(&self, op: Op, reply: &Reply) -> Answer {

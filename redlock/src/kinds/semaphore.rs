@@ -28,8 +28,7 @@ use crate::error::{Error, NodeOutcome, Result};
 use crate::guard::guard;
 use crate::node::Reply;
 
-/// Who held the key on which node, as acquisitions' replies named them.
-type Holders = std::sync::Mutex<smallvec::SmallVec<[(usize, Arc<str>); 1]>>;
+use super::plain::Holders;
 
 /// A validated counting lock: its name, count and keys.
 #[derive(Clone, Debug)]
@@ -165,18 +164,11 @@ impl Protocol for PermitHold {
     }
 
     fn note_holder(&self, node: usize, reply: &Reply) {
-        if let Ok(Value::BulkString(holder)) = &reply.value
-            && holder.as_slice() != self.id.token.as_bytes()
-        {
-            let holder: Arc<str> = String::from_utf8_lossy(holder).into();
-            let mut holders = self.holders.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            holders.push((node, holder));
-        }
+        self.holders.note(self.id.token.as_bytes(), node, reply);
     }
 
     fn holders(&self) -> Vec<(usize, Arc<str>)> {
-        let holders = self.holders.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        holders.to_vec()
+        self.holders.list()
     }
 
     fn answer(&self, op: Op, reply: &Reply) -> Answer {

@@ -446,7 +446,10 @@ async fn behind_a_live_first_waiter_max_wait_bounds_the_wait_with_a_real_attempt
     let err = rl.lock("mw").retry(every(ms(50), ms(700))).await.unwrap_err();
     let waited = started.elapsed();
     assert_eq!(err.kind(), ErrorKind::NotAcquired, "{err}");
-    assert_eq!(err.held_by_others(), 5, "the error of a real attempt: {err}");
+    // A real attempt's: decided on a quorum of "held" (an answer that comes after the
+    // round's short wait for stragglers, on a loaded machine, is "not waited for").
+    assert!(err.held_by_others() >= 3, "the error of a real attempt: {err}");
+    assert_eq!(err.held_by_others() + err.pending(), 5, "the error of a real attempt: {err}");
     assert!(waited >= ms(600) && waited < ms(1000), "gave up after {waited:?} (max_wait 700 ms)");
     held.release().await.unwrap();
     first.await.unwrap().unwrap();

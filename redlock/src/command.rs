@@ -27,23 +27,28 @@ macro_rules! scripts {
 }
 
 scripts! {
-    RELEASE = "release.lua";
-    EXTEND = "extend.lua";
+    PLAIN_ACQUIRE = "create_guard.lua", "plain_acquire.lua";
+    RELEASE = "undo_mark.lua", "release.lua";
+    EXTEND = "create_guard.lua", "extend.lua";
     FENCE_RAISE = "fence_raise.lua";
-    MULTI_ACQUIRE = "multi_acquire.lua";
-    MULTI_RELEASE = "multi_release.lua";
-    MULTI_EXTEND = "multi_extend.lua";
+    MULTI_ACQUIRE = "create_guard.lua", "multi_acquire.lua";
+    MULTI_RELEASE = "undo_mark.lua", "multi_release.lua";
+    MULTI_EXTEND = "create_guard.lua", "multi_extend.lua";
     MULTI_CHECK = "multi_check.lua";
-    PERMIT_ACQUIRE = "permit_acquire.lua";
-    PERMIT_EXTEND = "permit_extend.lua";
-    REENTRANT_ACQUIRE = "reentrant_fields.lua", "hash_common.lua", "reentrant_acquire.lua";
-    REENTRANT_RELEASE = "reentrant_fields.lua", "hash_common.lua", "hash_release.lua";
-    REENTRANT_EXTEND = "reentrant_fields.lua", "hash_common.lua", "hash_extend.lua";
+    PERMIT_ACQUIRE = "create_guard.lua", "permit_acquire.lua";
+    PERMIT_EXTEND = "create_guard.lua", "permit_extend.lua";
+    REENTRANT_ACQUIRE =
+        "reentrant_fields.lua", "create_guard.lua", "hash_common.lua", "reentrant_acquire.lua";
+    REENTRANT_RELEASE =
+        "reentrant_fields.lua", "hash_common.lua", "undo_mark.lua", "hash_release.lua";
+    REENTRANT_EXTEND =
+        "reentrant_fields.lua", "create_guard.lua", "hash_common.lua", "hash_extend.lua";
     REENTRANT_CHECK = "reentrant_fields.lua", "hash_common.lua", "hash_check.lua";
-    RW_READ_ACQUIRE = "rw_fields.lua", "hash_common.lua", "rw_read_acquire.lua";
-    RW_WRITE_ACQUIRE = "rw_fields.lua", "hash_common.lua", "rw_write_acquire.lua";
-    RW_RELEASE = "rw_fields.lua", "hash_common.lua", "hash_release.lua";
-    RW_EXTEND = "rw_fields.lua", "hash_common.lua", "hash_extend.lua";
+    RW_READ_ACQUIRE = "rw_fields.lua", "create_guard.lua", "hash_common.lua", "rw_read_acquire.lua";
+    RW_WRITE_ACQUIRE =
+        "rw_fields.lua", "create_guard.lua", "hash_common.lua", "rw_write_acquire.lua";
+    RW_RELEASE = "rw_fields.lua", "hash_common.lua", "undo_mark.lua", "hash_release.lua";
+    RW_EXTEND = "rw_fields.lua", "create_guard.lua", "hash_common.lua", "hash_extend.lua";
     RW_CHECK = "rw_fields.lua", "hash_common.lua", "hash_check.lua";
     INSPECT = "inspect.lua";
     FORCE_RELEASE = "force_release.lua";
@@ -65,6 +70,8 @@ pub(crate) enum Resend {
 pub(crate) struct Command {
     kind: Kind,
     resend: Resend,
+    /// It creates or renews a hold: each node appends its deadline (see `create_guard.lua`).
+    bounded: bool,
 }
 
 #[derive(Debug)]
@@ -76,7 +83,7 @@ enum Kind {
 impl Command {
     /// A plain command.
     pub(crate) fn plain(cmd: Cmd, resend: Resend) -> Self {
-        Self { kind: Kind::Plain(cmd), resend }
+        Self { kind: Kind::Plain(cmd), resend, bounded: false }
     }
 
     /// An invocation of `script`, by hash, with the `EVAL` fallback for a node that does not
@@ -103,7 +110,7 @@ impl Command {
         for arg in args {
             arg.write_to(&mut evalsha);
         }
-        Self { kind: Kind::Script { script, evalsha }, resend }
+        Self { kind: Kind::Script { script, evalsha }, resend, bounded: false }
     }
 
     /// What is sent first.
@@ -133,6 +140,19 @@ impl Command {
 
     pub(crate) fn resend(&self) -> Resend {
         self.resend
+    }
+
+    /// Marks a script that creates or renews a hold: it ends with the request's deadline
+    /// in the node's clock, which only the node the request goes to can give
+    /// ([`crate::node::Node::send`]).
+    pub(crate) fn bounded(mut self) -> Self {
+        self.bounded = true;
+        self
+    }
+
+    /// Whether it creates or renews a hold (see [`Command::bounded`]).
+    pub(crate) fn is_bounded(&self) -> bool {
+        self.bounded
     }
 }
 

@@ -73,7 +73,7 @@ pub fn is_token_key(key: &str) -> bool {
 
 /// Whether `key` has a Redis Cluster hash tag: a non-empty `{...}` part, the first `{`
 /// up to the next `}`.
-fn has_hash_tag(key: &str) -> bool {
+pub(crate) fn has_hash_tag(key: &str) -> bool {
     key.find('{').and_then(|open| key[open + 1..].find('}').map(|len| len > 0)).unwrap_or(false)
 }
 

@@ -214,6 +214,7 @@ mod telemetry;
 #[doc(hidden)]
 pub mod test_hooks;
 mod token;
+mod tombstone;
 
 pub use crate::builder::RedlockBuilder;
 pub use crate::client::{IntoRequest, Redlock};

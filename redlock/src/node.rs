@@ -77,6 +77,9 @@ impl Failure {
     pub(crate) fn outcome(&self) -> NodeOutcome {
         match self {
             _ if self.is_wrong_type() => NodeOutcome::WrongType,
+            // The node ran it past its deadline (create_guard.lua), when its sender had
+            // already given up on it: what the sender counted it as.
+            Self::Server { code, .. } if &**code == "LATE" => NodeOutcome::TimedOut,
             Self::Unreachable(why) | Self::Refused(why) => NodeOutcome::Unreachable(why.clone()),
             Self::ConnectTimedOut => NodeOutcome::TimedOut,
             Self::Server { message, .. } => NodeOutcome::Failed(message.clone()),
@@ -184,6 +187,46 @@ pub(crate) struct Node {
     connect_failed: AtomicBool,
     /// The server processes the client's nodes reached, shared by all of them.
     servers: Arc<server::Servers>,
+    /// The node's clock as last read (`TIME` when a connection opens, and again when the
+    /// reading grows old): what a create's deadline is written in.
+    clock: Arc<Mutex<Option<NodeClock>>>,
+    /// A fresh reading of the node's clock is under way.
+    reading_clock: Arc<AtomicBool>,
+}
+
+/// How fast the client's and the node's clocks may drift apart, as a fraction: twice the
+/// fastest rate NTP slews a clock at (500 ppm). Widens a clock reading's error as it ages.
+const CLOCK_DRIFT: f64 = 1e-3;
+
+/// A clock reading older than this is taken again (in the background, on the node's
+/// connection) when a deadline is asked of it: its error grows by 1 ms a second.
+const CLOCK_RESYNC: Duration = Duration::from_secs(10);
+
+/// The error of a clock reading is never taken for less than this (the node's clock has a
+/// millisecond resolution in scripts).
+const CLOCK_MIN_ERROR: Duration = Duration::from_millis(1);
+
+/// What a create's deadline is given on a node whose clock was never read (its `TIME`
+/// refused): none (0), and this much error for the client's own bounds.
+pub(crate) const UNREAD_CLOCK_ERROR: Duration = Duration::from_secs(1);
+
+/// One reading of a node's clock.
+#[derive(Clone, Copy, Debug)]
+struct NodeClock {
+    /// The local instant halfway through the `TIME` round trip.
+    at: Instant,
+    /// What `TIME` said, in microseconds of the node's clock.
+    node_us: u64,
+    /// Half the round trip: how far the node's reading may be from `at`.
+    error: Duration,
+}
+
+impl NodeClock {
+    /// The reading's error at `now`: its round trip's, grown by the drift since.
+    fn error(&self, now: Instant) -> Duration {
+        let aged = now.saturating_duration_since(self.at).mul_f64(CLOCK_DRIFT);
+        (self.error + aged).max(CLOCK_MIN_ERROR)
+    }
 }
 
 impl std::fmt::Debug for Node {
@@ -217,6 +260,57 @@ impl Node {
             opened: AtomicU64::new(0),
             connect_failed: AtomicBool::new(false),
             servers,
+            clock: Arc::default(),
+            reading_clock: Arc::default(),
+        }
+    }
+
+    /// The deadline, in the node's milliseconds, of a request sent now that its sender
+    /// waits `within` for: the node's clock now as estimated, plus `within`, plus the
+    /// estimate's error, so that a request that reaches the node while its sender still
+    /// waits is never refused; 0 (none) while the node's clock was never read.
+    pub(crate) fn deadline(&self, within: Duration) -> u64 {
+        let now = crate::clock::now();
+        let Some(clock) = *lock_ignoring_poison(&self.clock) else { return 0 };
+        if now.saturating_duration_since(clock.at) > CLOCK_RESYNC {
+            self.read_clock_again();
+        }
+        let elapsed = now.saturating_duration_since(clock.at) + within + clock.error(now);
+        let us = u128::from(clock.node_us) + elapsed.as_micros();
+        u64::try_from(us.div_ceil(1000)).unwrap_or(u64::MAX)
+    }
+
+    /// How far past a request's own timeout the node may still run it (its deadline's
+    /// error): what a client that gave up on a create must still wait out before nothing
+    /// of it can appear. Twice the estimate's error (the deadline adds it once, and the
+    /// node's clock may be off by as much the other way).
+    pub(crate) fn late_by(&self) -> Duration {
+        let now = crate::clock::now();
+        match *lock_ignoring_poison(&self.clock) {
+            Some(clock) => clock.error(now + CLOCK_RESYNC) * 2,
+            None => UNREAD_CLOCK_ERROR,
+        }
+    }
+
+    /// Reads the node's clock again on its open connection, in the background (one at a
+    /// time); a reading with a smaller error replaces the old one.
+    fn read_clock_again(&self) {
+        let Some(handle) = self.ready() else { return };
+        if self.reading_clock.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (clock, reading) = (self.clock.clone(), self.reading_clock.clone());
+        let timeout = self.connect_timeout;
+        let task = self.tasks.spawn_own(async move {
+            let mut connection = handle.connection;
+            if let Ok(Ok(fresh)) = tokio::time::timeout(timeout, read_clock(&mut connection)).await
+            {
+                *lock_ignoring_poison(&clock) = Some(fresh);
+            }
+            reading.store(false, Ordering::Release);
+        });
+        if task.is_none() {
+            self.reading_clock.store(false, Ordering::Release);
         }
     }
 
@@ -344,12 +438,26 @@ impl Node {
     /// its script cache is empty) is sent once more in full. A connection cached from an
     /// earlier call that turns out to be broken is replaced, and the command re-sent on
     /// the new one only if it is [`Resend::Safe`]: it may have run before the drop.
-    pub(crate) async fn send(&self, command: &Command) -> Reply {
-        let reply = self.send_cmd(command.first(), command.resend()).await;
+    ///
+    /// A [bounded](Command::bounded) command gets its deadline here: `within` from now in
+    /// the node's clock, plus the estimate's error (see [`Node::deadline`]).
+    pub(crate) async fn send(&self, command: &Command, within: Duration) -> Reply {
+        let deadline = command.is_bounded().then(|| self.deadline(within));
+        let with_deadline = |cmd: &Cmd| {
+            let mut cmd = cmd.clone();
+            cmd.arg(deadline.unwrap_or(0));
+            cmd
+        };
+        let bounded = deadline.map(|_| with_deadline(command.first()));
+        let first = bounded.as_ref().unwrap_or(command.first());
+        let reply = self.send_cmd(first, command.resend()).await;
         if !matches!(&reply.value, Err(failure) if failure.is_noscript()) {
             return reply;
         }
-        let Some(eval) = command.fallback() else { return reply };
+        let Some(mut eval) = command.fallback() else { return reply };
+        if deadline.is_some() {
+            eval = with_deadline(&eval);
+        }
         // NOSCRIPT: the script did not run, so sending it in full is no repetition. Boxed,
         // like every rare path here: the request future stays smaller, and a round moves
         // its requests around.
@@ -510,9 +618,10 @@ impl Node {
         let timeout = self.connect_timeout;
         let (quarantine, quarantined_until) = (self.quarantine, self.quarantined_until.clone());
         let (servers, name) = (self.servers.clone(), self.name.clone());
+        let clock = self.clock.clone();
         let task = self.tasks.spawn_own(async move {
             let seen = Seen { servers: &servers, name: &name };
-            let open = open(&client, timeout, quarantine, &quarantined_until, seen);
+            let open = open(&client, timeout, quarantine, &quarantined_until, seen, &clock);
             match tokio::time::timeout(timeout, open).await {
                 Ok(result) => result,
                 Err(_) => Err(Failure::ConnectTimedOut),
@@ -552,6 +661,7 @@ async fn open(
     quarantine: Duration,
     quarantined_until: &Mutex<Option<Instant>>,
     seen: Seen<'_>,
+    clock: &Mutex<Option<NodeClock>>,
 ) -> Result<MultiplexedConnection, Failure> {
     let unreachable = |err: RedisError| {
         if err.kind() == redis::ErrorKind::AuthenticationFailed {
@@ -592,6 +702,17 @@ async fn open(
             "scripts not preloaded (an ACL user without `script|load`?): they still run, but \
              a release queued behind a SET on a hung node may then be lost"
         );
+    }
+    // Before any create goes out on it: a create's deadline is written in the node's clock.
+    match read_clock(&mut connection).await {
+        Ok(reading) => *lock_ignoring_poison(clock) = Some(reading),
+        Err(err) if err.code().is_some() => tracing::warn!(
+            target: "redlock",
+            %err,
+            "the node's clock could not be read (an ACL user without `+time`?): creates on it \
+             carry no deadline, so one that reaches it late may outlive its undo"
+        ),
+        Err(err) => return Err(unreachable(err)),
     }
     let reply = connection.send_packed_command(redis::cmd("INFO").arg("server")).await;
     let replied_at = Instant::now();
@@ -641,6 +762,20 @@ async fn open(
         *lock_ignoring_poison(quarantined_until) = quarantine::end(replied_at, uptime, quarantine);
     }
     Ok(connection)
+}
+
+/// Reads the node's clock with `TIME`, timing the round trip.
+async fn read_clock(connection: &mut MultiplexedConnection) -> Result<NodeClock, RedisError> {
+    let sent = crate::clock::now();
+    let reply = connection.send_packed_command(&redis::cmd("TIME")).await?;
+    let received = crate::clock::now();
+    if let Value::ServerError(err) = reply {
+        return Err(err.into());
+    }
+    let (secs, micros): (u64, u64) = redis::from_redis_value(reply)?;
+    let half = received.saturating_duration_since(sent) / 2;
+    let node_us = secs.saturating_mul(1_000_000).saturating_add(micros);
+    Ok(NodeClock { at: sent + half, node_us, error: half })
 }
 
 /// Where a connecting node records the server it reached.

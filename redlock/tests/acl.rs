@@ -344,8 +344,8 @@ async fn workload(rl: &Redlock, other: &Redlock, cluster: &Cluster) -> Result<()
         let what = what.to_owned();
         move |err: redlock::Error| format!("{what}: {err}")
     };
-    let mut lock = rl.try_lock("plain").await.map_err(e("lock"))?;
-    // Every new connection preloads the scripts (a plain lock runs none).
+    rl.connect().await.map_err(e("connect"))?;
+    // Every new connection preloads the scripts, before any request runs one.
     for node in cluster.nodes() {
         let info: String =
             redis::cmd("INFO").arg("memory").query(&mut node.connection().unwrap()).unwrap();
@@ -356,6 +356,7 @@ async fn workload(rl: &Redlock, other: &Redlock, cluster: &Cluster) -> Result<()
         // script itself, by EVAL.
         node.command(&["SCRIPT", "FLUSH"]).unwrap();
     }
+    let mut lock = rl.try_lock("plain").await.map_err(e("lock"))?;
     lock.extend(Duration::from_secs(10)).await.map_err(e("extend"))?;
     lock.release().await.map_err(e("release"))?;
     let mut hold = rl.reentrant("reentrant", "job").once().await.map_err(e("reentrant"))?;

@@ -11,13 +11,13 @@
 //!   dropped unsent would leave its key for a whole lease. Each goes out behind the
 //!   original: the request it undoes may live on another runtime and not have gone out
 //!   yet.
-//! - An undo that timed out when the node's connection was replaced at any time since the
-//!   request it undoes was made (before the round's decision included) is sent again, until
-//!   the keys it removes have expired anyway. On one connection an undo is written behind
-//!   the request it undoes and runs after it even when it timed out (the node was hung);
-//!   once the connection broke, the request may still sit in the hung node's buffer while
-//!   the undo was lost with the connection, and the request then runs alone when the node
-//!   wakes up. A node that refuses connections is not retried: what it had not run is gone.
+//! - An undo that timed out or could not reach its node (a reset, a node down that may come
+//!   back with its data) is sent again, after pauses that double up to a second, until it
+//!   is answered or nothing it removes can exist any more (the claim's horizon: every
+//!   create of its token is past its deadline and what it set has expired). Every undo is
+//!   safe to repeat and leaves a tombstone, so it needs no particular connection nor order;
+//!   not where no connection opened since what it undoes was made (nothing left the
+//!   client).
 //! - Failures that remain are counted and logged, never silent.
 
 use std::future::Future;
@@ -182,17 +182,12 @@ pub(crate) fn finish<F, M: Remake>(
 }
 
 impl<M: Remake> Undos<M> {
-    /// Whether node `i`'s connection was replaced since the first request these undos
-    /// undo was made: an undo that timed out may then have been lost with it.
-    pub(crate) fn reconnected(&self, i: usize) -> bool {
-        self.core.nodes[i].generation() != self.generations[i]
-    }
-
-    /// Sends node `i`'s undo again if it timed out after a reconnect (see the module's
-    /// rules); `false` if it is over.
+    /// Sends node `i`'s undo again if it failed for a reason that may pass (a timeout, a
+    /// reset, a node down that may come back with its data) while what it undoes may have
+    /// reached the node (see the module's rules); `false` if it is over.
     fn sends_again(&self, i: usize, outcome: &NodeOutcome, retries: &mut Option<Retries>) -> bool {
-        *outcome == NodeOutcome::TimedOut
-            && self.reconnected(i)
+        matches!(outcome, NodeOutcome::TimedOut | NodeOutcome::Unreachable(_))
+            && self.core.nodes[i].may_have_reached(self.generations[i])
             && retries.get_or_insert_with(|| Retries::new(self.core.nodes.len())).again(i, self)
     }
 }

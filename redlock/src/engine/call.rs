@@ -88,7 +88,7 @@ impl NodeCall {
                         let exchange = async {
                             turn.wait_turn(&after).await;
                             its_turn = true;
-                            node.send(&command).await
+                            node.send(&command, timeout).await
                         };
                         tokio::time::timeout(timeout, exchange).await
                     }
@@ -104,7 +104,7 @@ impl NodeCall {
                 }
                 match node.connect_first().await {
                     Err(failure) => Ok(Reply::unconnected(failure)),
-                    Ok(()) => tokio::time::timeout(timeout, node.send(&command)).await,
+                    Ok(()) => tokio::time::timeout(timeout, node.send(&command, timeout)).await,
                 }
             };
             let reply = match reply {
@@ -124,10 +124,6 @@ impl NodeCall {
             let mut answer = read(&reply);
             if answer.notify_refused {
                 node.note_notify_refused();
-            }
-            if reply.resent && op.is_undo() && answer.outcome == NodeOutcome::Absent {
-                // Re-sent after a dropped connection: the first send removed it.
-                answer.outcome = NodeOutcome::Ok;
             }
             if answer.outcome == NodeOutcome::Ok && op.is_vote() && node.in_quarantine() {
                 answer.outcome = NodeOutcome::Quarantined;
@@ -168,7 +164,7 @@ async fn undo_again(
             break;
         }
         tokio::time::sleep(pause).await;
-        let again = tokio::time::timeout(timeout, node.send(command)).await.ok()?;
+        let again = tokio::time::timeout(timeout, node.send(command, timeout)).await.ok()?;
         let resent = may_have_run || again.resent;
         may_have_run = resent || again.written;
         reply = Reply { resent, ..again };

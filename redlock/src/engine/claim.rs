@@ -20,7 +20,7 @@ use super::Core;
 use super::background::{self, Place};
 use super::call::NodeCall;
 use super::fencing;
-use super::protocol::{Op, Protocol};
+use super::protocol::{Keep, Op, Protocol};
 use super::round::{self, Round};
 use super::slot::{Slot, Slots};
 use super::undo::{After, Sent, Tracked};
@@ -117,7 +117,7 @@ impl<P: Protocol> Claim<P> {
             return Err((err, report));
         }
         let proto = Arc::new(proto);
-        let command = Arc::new(proto.command(Op::Acquire, ttl));
+        let command = Arc::new(proto.command(Op::Acquire, ttl, Keep::NONE));
         let n = core.nodes.len();
         // Armed from here: if this future is dropped mid-round, Drop releases whatever the
         // round may have set, each release queued behind its node's acquisition.
@@ -227,7 +227,7 @@ impl<P: Protocol> Claim<P> {
     /// moment ago), in the background on the nodes whose answer is unknown, not at all
     /// where the node answered about someone else's lock (ours is not there).
     async fn clean_up(mut self, round: &Round) {
-        let command = Arc::new(self.proto.command(Op::CleanUp, self.ttl));
+        let command = Arc::new(self.proto.command(Op::CleanUp, self.ttl, self.tombstone_life()));
         let slots = Slots::new(round.outcomes.len());
         let mut requests = Vec::with_capacity(round.outcomes.len());
         let mut outcomes = round::Outcomes::with_capacity(round.outcomes.len());
@@ -282,7 +282,7 @@ impl<P: Protocol> Claim<P> {
         }
         let started_at = clock::now();
         self.expires_by = self.expires_by.max(started_at + ttl.duration());
-        let command = Arc::new(self.proto.command(Op::Extend, ttl));
+        let command = Arc::new(self.proto.command(Op::Extend, ttl, Keep::NONE));
         let requests = self.everywhere(Op::Extend, &command);
         let (round, rest) =
             round::run(requests, started_at, quorum::settle_hold, &self.core.nodes).await;
@@ -370,7 +370,7 @@ impl<P: Protocol> Claim<P> {
 
     async fn release_round(mut self) -> Result<()> {
         let was_valid = self.is_valid();
-        let command = Arc::new(self.proto.command(Op::Release, self.ttl));
+        let command = Arc::new(self.proto.command(Op::Release, self.ttl, self.tombstone_life()));
         let (round, rest, tracked) = self.undo_round(Op::Release, &command).await;
         self.finish_undos(rest, &round, tracked, (Op::Release, &command), "release");
         // Only now: if this future is dropped mid-round, Drop releases again (every
@@ -396,7 +396,7 @@ impl<P: Protocol> Claim<P> {
         if self.lost {
             return Ok(false);
         }
-        let command = Arc::new(self.proto.command(Op::Check, self.ttl));
+        let command = Arc::new(self.proto.command(Op::Check, self.ttl, Keep::NONE));
         let n = self.core.nodes.len();
         let slots = Slots::new(n);
         let requests = round::Rest::new(
@@ -522,19 +522,18 @@ impl<P: Protocol> Claim<P> {
         let undos = background::Undos {
             core: self.core.clone(),
             remake: self.remake(op, command),
-            // The nodes' clocks may run a little slow: their keys may live that much longer.
-            until: self.expires_by + self.ttl.drift(),
+            until: self.horizon(),
             what,
             resource: self.resource.clone(),
             generations: self.generations.clone(),
         };
         // What the round took itself and a task of the background would have handled:
-        // the answers that came while it waited for its stragglers, and timeouts after a
-        // reconnect, which are sent again whenever they came.
+        // the answers that came while it waited for its stragglers, and the undos that
+        // failed for a reason that may pass, which are sent again whenever they came.
         let taken: background::Taken = (round.outcomes.iter().enumerate())
             .filter(|&(i, outcome)| {
                 round.lingered.contains(&i)
-                    || (*outcome == NodeOutcome::TimedOut && undos.reconnected(i))
+                    || matches!(outcome, NodeOutcome::TimedOut | NodeOutcome::Unreachable(_))
             })
             .map(|(i, outcome)| (i, outcome.clone()))
             .collect();
@@ -551,12 +550,34 @@ impl<P: Protocol> Claim<P> {
     /// The release of a claim dropped while armed: on the client's own thread, so that it
     /// neither blocks nor depends on the runtime (if any) that dropped it.
     fn release_detached(&mut self) {
-        let command = Arc::new(self.proto.command(Op::Release, self.ttl));
+        let command = Arc::new(self.proto.command(Op::Release, self.ttl, self.tombstone_life()));
         let requests = self.everywhere(Op::Release, &command);
         let tracked = self.track(&requests);
         self.note_releasing();
         let unsent = Round::none(self.core.nodes.len(), clock::now());
         self.finish_undos(requests, &unsent, tracked, (Op::Release, &command), "release");
+    }
+
+    /// When nothing this claim's creates and renewals did or may still do on a node can
+    /// exist any more: each was sent by its round's start plus the connect timeout, and
+    /// given up on a node timeout later (an acquisition's wait for its turn counts in it,
+    /// so twice that); the node refuses it past that, its clock's error aside; and what it
+    /// set lives its lease, longer by the drift allowance if the node's clock runs slow.
+    fn horizon(&self) -> Instant {
+        let config = &self.core.config;
+        let late_by = self.core.nodes.iter().map(|node| node.late_by()).max().unwrap_or_default();
+        self.expires_by
+            + config.connect_timeout
+            + config.node_timeout * 2
+            + late_by
+            + self.ttl.drift()
+    }
+
+    /// How long an undo's tombstone must live from now: until [`Claim::horizon`], so that
+    /// no create of the token that is still on its way can set anything after it, and a
+    /// re-sent release can tell a hold it removed from one that was gone.
+    fn tombstone_life(&self) -> Keep {
+        Keep::new(self.horizon().saturating_duration_since(clock::now()))
     }
 
     pub(crate) fn proto(&self) -> &P {

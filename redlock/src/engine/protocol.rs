@@ -55,6 +55,26 @@ impl From<NodeOutcome> for Answer {
     }
 }
 
+/// How long an undo's tombstone must live, in milliseconds, as its scripts take it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Keep(u64);
+
+impl Keep {
+    /// At least `duration` (rounded up to the millisecond, at least one).
+    pub(crate) fn new(duration: std::time::Duration) -> Self {
+        let ms = duration.as_micros().div_ceil(1000).max(1);
+        Self(u64::try_from(ms).unwrap_or(u64::MAX))
+    }
+
+    /// For the commands that leave no tombstone.
+    pub(crate) const NONE: Self = Self(0);
+
+    /// As sent.
+    pub(crate) fn arg(self) -> String {
+        self.0.to_string()
+    }
+}
+
 /// The keys of a hold: one, inline, except for a multi-resource lock. Cloned into the
 /// registrations of its undos, which costs an allocation only for several keys.
 pub(crate) type Keys = smallvec::SmallVec<[Arc<str>; 1]>;
@@ -68,13 +88,20 @@ pub(crate) struct Identity {
     pub(crate) keys: Keys,
     /// A fresh random token, unique to this hold.
     pub(crate) token: crate::token::Token,
+    /// The token's tombstone on the nodes (see [`crate::tombstone`]), next to the first key.
+    pub(crate) tombstone: Box<str>,
 }
 
 impl Identity {
     /// A hold of kind `kind` on `keys`, with a fresh token (carrying the client's owner
     /// label, if any).
     pub(crate) fn new(kind: &'static str, keys: Keys, label: Option<&str>) -> Self {
-        Self { kind, keys, token: crate::token::generate_labelled(label) }
+        let token = crate::token::generate_labelled(label);
+        let tombstone = match keys.first() {
+            Some(key) => crate::tombstone::key(key, token.as_str()).into(),
+            None => Box::default(),
+        };
+        Self { kind, keys, token, tombstone }
     }
 }
 
@@ -103,8 +130,10 @@ pub(crate) trait Protocol: Send + Sync + 'static {
     }
 
     /// The command for `op`, built once per round; `ttl` is the lease for `Acquire` and
-    /// `Extend`.
-    fn command(&self, op: Op, ttl: Ttl) -> Command;
+    /// `Extend`, `keep` how long the tombstone of a `Release` or `CleanUp` must live (until
+    /// nothing the token's creates may still do on a node can exist: see
+    /// [`crate::tombstone`]). Creates and renewals are [`Command::bounded`].
+    fn command(&self, op: Op, ttl: Ttl, keep: Keep) -> Command;
 
     /// What `reply` to `op` means.
     fn answer(&self, op: Op, reply: &Reply) -> Answer;
@@ -139,10 +168,11 @@ pub(crate) trait Protocol: Send + Sync + 'static {
 }
 
 /// The reading shared by the scripts that answer `1` (done), `2` (done, notification
-/// refused), `0` (our hold is absent) or `-1` (another owner holds the lock).
+/// refused), `3` (an undo an earlier send of which removed our hold: done), `0` (our hold
+/// is absent) or `-1` (another owner holds the lock).
 pub(crate) fn script_answer(reply: &Reply) -> Answer {
     match &reply.value {
-        Ok(Value::Int(1)) => NodeOutcome::Ok.into(),
+        Ok(Value::Int(1 | 3)) => NodeOutcome::Ok.into(),
         Ok(Value::Int(2)) => Answer { outcome: NodeOutcome::Ok, notify_refused: true },
         Ok(Value::Int(0)) => NodeOutcome::Absent.into(),
         Ok(Value::Int(-1)) => NodeOutcome::Held.into(),

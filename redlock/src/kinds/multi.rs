@@ -20,7 +20,7 @@ use redis::Value;
 
 use crate::command::{self, Arg, Command, Resend};
 use crate::config::{Config, Ttl};
-use crate::engine::protocol::{Identity, failed, script_answer};
+use crate::engine::protocol::{Identity, Keep, failed, script_answer};
 use crate::engine::{Answer, Op, Protocol};
 use crate::error::{Error, NodeOutcome, Result};
 use crate::guard::guard;
@@ -85,20 +85,35 @@ impl Protocol for Multi {
         &self.id
     }
 
-    fn command(&self, op: Op, ttl: Ttl) -> Command {
+    fn command(&self, op: Op, ttl: Ttl, keep: Keep) -> Command {
         let token = self.id.token.as_bytes();
-        let ms = ttl.ms().to_string();
+        let (ms, keep) = (ttl.ms().to_string(), keep.arg());
         let (token, ms) = (Arg::Bytes(token), Arg::Bytes(ms.as_bytes()));
-        let (script, args): (_, Vec<Arg<'_>>) = match op {
-            Op::Acquire => (&command::MULTI_ACQUIRE, vec![token, ms]),
-            Op::Extend => (&command::MULTI_EXTEND, vec![token, ms]),
+        // Every script but the check takes the tombstone after the lock keys.
+        let marked: Vec<&str> = (self.set.keys.iter().map(|key| &**key))
+            .chain(std::iter::once(&*self.id.tombstone))
+            .collect();
+        match op {
+            Op::Acquire | Op::Extend => {
+                let script = if op == Op::Acquire {
+                    &command::MULTI_ACQUIRE
+                } else {
+                    &command::MULTI_EXTEND
+                };
+                Command::script(script, &marked, &[token, ms], Resend::Safe).bounded()
+            }
             Op::Release | Op::CleanUp => {
                 let channels = self.set.keys.iter().map(|key| Arg::ReleaseChannel(key));
-                (&command::MULTI_RELEASE, std::iter::once(token).chain(channels).collect())
+                let args: Vec<Arg<'_>> = std::iter::once(token)
+                    .chain(channels)
+                    .chain(std::iter::once(Arg::Bytes(keep.as_bytes())))
+                    .collect();
+                Command::script(&command::MULTI_RELEASE, &marked, &args, Resend::Safe)
             }
-            Op::Check => (&command::MULTI_CHECK, vec![token]),
-        };
-        Command::script(script, &self.set.keys, &args, Resend::Safe)
+            Op::Check => {
+                Command::script(&command::MULTI_CHECK, &self.set.keys, &[token], Resend::Safe)
+            }
+        }
     }
 
     fn answer(&self, op: Op, reply: &Reply) -> Answer {
@@ -107,16 +122,17 @@ impl Protocol for Multi {
         }
         let Ok(Value::Array(counts)) = &reply.value else { return failed(&reply.value).into() };
         match counts.as_slice() {
-            [Value::Int(ours), Value::Int(foreign), Value::Int(refused)] => {
-                let outcome =
-                    if usize::try_from(*ours).is_ok_and(|ours| ours == self.set.keys.len()) {
-                        NodeOutcome::Ok
-                    } else if *foreign > 0 {
-                        NodeOutcome::Held
-                    } else {
-                        // Some or all of our keys were gone: the set was no longer whole here.
-                        NodeOutcome::Absent
-                    };
+            [Value::Int(ours), Value::Int(foreign), Value::Int(refused), Value::Int(before)] => {
+                let whole = usize::try_from(*ours).is_ok_and(|ours| ours == self.set.keys.len());
+                // `before`: an earlier send of this undo removed the set.
+                let outcome = if whole || *before == 1 {
+                    NodeOutcome::Ok
+                } else if *foreign > 0 {
+                    NodeOutcome::Held
+                } else {
+                    // Some or all of our keys were gone: the set was no longer whole here.
+                    NodeOutcome::Absent
+                };
                 Answer { outcome, notify_refused: *refused != 0 }
             }
             _ => failed(&reply.value).into(),
@@ -169,12 +185,16 @@ mod tests {
     #[test]
     fn a_release_counts_only_a_whole_set() {
         let multi = Multi::new(Set::new(&config(), &["a", "b"]).unwrap(), None);
-        let release = |ours, foreign| {
-            let counts = vec![Value::Int(ours), Value::Int(foreign), Value::Int(0)];
+        let release = |ours, foreign, before| {
+            let counts =
+                vec![Value::Int(ours), Value::Int(foreign), Value::Int(0), Value::Int(before)];
             multi.answer(Op::Release, &reply(Value::Array(counts))).outcome
         };
-        assert_eq!(release(2, 0), NodeOutcome::Ok);
-        assert_eq!(release(1, 1), NodeOutcome::Held);
-        assert_eq!(release(1, 0), NodeOutcome::Absent);
+        assert_eq!(release(2, 0, 0), NodeOutcome::Ok);
+        assert_eq!(release(1, 1, 0), NodeOutcome::Held);
+        assert_eq!(release(1, 0, 0), NodeOutcome::Absent);
+        // Its tombstone says an earlier send of this release removed the set.
+        assert_eq!(release(0, 0, 1), NodeOutcome::Ok);
+        assert_eq!(release(0, 1, 1), NodeOutcome::Ok);
     }
 }

@@ -1,12 +1,14 @@
 //! The plain lock: one key per resource, holding the acquisition's random token.
 //!
-//! On each node: acquire is `SET key token NX GET PX ttl` (`GET`, Redis 7.0+, makes the reply
-//! say who holds the key: nil when we set it, our own token when an earlier send of this
-//! very request landed, the holder's token otherwise, and `WRONGTYPE` for a key that is not
-//! a string, which plain `SET NX` would silently report as "held"); release is a
+//! On each node: acquire is a script that does what `SET key token NX PX ttl` does and says
+//! who holds the key (nil when we set it, our own token when an earlier send of this very
+//! request landed, the holder's token otherwise, and `WRONGTYPE` for a key that is not a
+//! string, which plain `SET NX` would silently report as "held"); release is a
 //! compare-and-delete script; extend a compare-and-`PEXPIRE` that also sets the key again
 //! where it vanished and nobody took it (healing a node that lost it, without counting it).
-//! Every command compares the token first, so each is safe to send twice.
+//! Every command compares the token first, so each is safe to send twice; acquisitions and
+//! extensions carry a deadline and respect the token's tombstone, which releases leave
+//! (see [`crate::tombstone`]), so their order on a node does not matter.
 
 use std::sync::Arc;
 
@@ -14,7 +16,7 @@ use redis::Value;
 
 use crate::command::{self, Arg, Command, Resend};
 use crate::config::Ttl;
-use crate::engine::protocol::{Identity, failed, script_answer};
+use crate::engine::protocol::{Identity, Keep, failed, script_answer};
 use crate::engine::{Answer, Op, Protocol};
 use crate::error::NodeOutcome;
 use crate::guard::guard;
@@ -75,22 +77,21 @@ impl Protocol for Plain {
         &self.id
     }
 
-    fn command(&self, op: Op, ttl: Ttl) -> Command {
+    fn command(&self, op: Op, ttl: Ttl, keep: Keep) -> Command {
         let (key, token) = (self.key(), self.id.token.as_bytes());
+        let keys = [key, &self.id.tombstone];
         match op {
-            Op::Acquire => {
-                // Sized up front: no buffer grows while the arguments go in.
-                let mut cmd = redis::Cmd::with_capacity(7, key.len() + token.len() + 32);
-                cmd.arg("SET").arg(key).arg(token).arg("NX").arg("GET").arg("PX").arg(ttl.ms());
-                Command::plain(cmd, Resend::Safe)
-            }
-            Op::Extend => {
+            Op::Acquire | Op::Extend => {
                 let ms = ttl.ms().to_string();
-                Command::script(&command::EXTEND, &[key], &[token, ms.as_bytes()], Resend::Safe)
+                let script =
+                    if op == Op::Acquire { &command::PLAIN_ACQUIRE } else { &command::EXTEND };
+                Command::script(script, &keys, &[token, ms.as_bytes()], Resend::Safe).bounded()
             }
             Op::Release | Op::CleanUp => {
-                let args = [Arg::Bytes(token), Arg::ReleaseChannel(key)];
-                Command::script(&command::RELEASE, &[key], &args, Resend::Safe)
+                let keep = keep.arg();
+                let args =
+                    [Arg::Bytes(token), Arg::ReleaseChannel(key), Arg::Bytes(keep.as_bytes())];
+                Command::script(&command::RELEASE, &keys, &args, Resend::Safe)
             }
             Op::Check => {
                 let mut cmd = redis::cmd("GET");
@@ -172,7 +173,7 @@ mod tests {
         let p = plain();
         let ttl = Ttl::new(std::time::Duration::from_secs(1), 0.01).unwrap();
         for op in [Op::Acquire, Op::Extend, Op::Release, Op::CleanUp, Op::Check] {
-            assert_eq!(p.command(op, ttl).resend(), Resend::Safe, "{op:?}");
+            assert_eq!(p.command(op, ttl, Keep::NONE).resend(), Resend::Safe, "{op:?}");
         }
     }
 }

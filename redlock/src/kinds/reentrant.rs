@@ -9,7 +9,7 @@ use redis::Value;
 
 use crate::command::{self, Arg, Command, Resend};
 use crate::config::Ttl;
-use crate::engine::protocol::{Identity, failed, script_answer};
+use crate::engine::protocol::{Identity, Keep, failed, script_answer};
 use crate::engine::{Answer, Op, Protocol};
 use crate::error::{Error, NodeOutcome, Result};
 use crate::guard::guard;
@@ -53,20 +53,29 @@ impl Protocol for Reentrant {
         &self.id
     }
 
-    fn command(&self, op: Op, ttl: Ttl) -> Command {
-        let (keys, field) = ([&*self.id.keys[0]], self.field.as_bytes());
-        let ms = ttl.ms().to_string();
+    fn command(&self, op: Op, ttl: Ttl, keep: Keep) -> Command {
+        let keys = [&*self.id.keys[0], &*self.id.tombstone];
+        let field = self.field.as_bytes();
+        let (ms, keep) = (ttl.ms().to_string(), keep.arg());
         let (field, ms) = (Arg::Bytes(field), Arg::Bytes(ms.as_bytes()));
-        let (script, args): (_, Vec<Arg<'_>>) = match op {
-            Op::Acquire => (&command::REENTRANT_ACQUIRE, vec![field, ms]),
-            Op::Extend => (&command::REENTRANT_EXTEND, vec![field, ms]),
-            Op::Release | Op::CleanUp => (
-                &command::REENTRANT_RELEASE,
-                vec![field, Arg::ReleaseChannel(keys[0]), Arg::Bytes(b"")],
-            ),
-            Op::Check => (&command::REENTRANT_CHECK, vec![field]),
-        };
-        Command::script(script, &keys, &args, Resend::Safe)
+        match op {
+            Op::Acquire | Op::Extend => {
+                let script = if op == Op::Acquire {
+                    &command::REENTRANT_ACQUIRE
+                } else {
+                    &command::REENTRANT_EXTEND
+                };
+                Command::script(script, &keys, &[field, ms], Resend::Safe).bounded()
+            }
+            Op::Release | Op::CleanUp => {
+                let channel = Arg::ReleaseChannel(keys[0]);
+                let args = [field, channel, Arg::Bytes(b""), Arg::Bytes(keep.as_bytes())];
+                Command::script(&command::REENTRANT_RELEASE, &keys, &args, Resend::Safe)
+            }
+            Op::Check => {
+                Command::script(&command::REENTRANT_CHECK, &keys[..1], &[field], Resend::Safe)
+            }
+        }
     }
 
     fn answer(&self, op: Op, reply: &Reply) -> Answer {

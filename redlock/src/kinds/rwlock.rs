@@ -9,7 +9,7 @@ use redis::Value;
 
 use crate::command::{self, Arg, Command, Resend};
 use crate::config::{Config, Ttl};
-use crate::engine::protocol::{Identity, failed, script_answer};
+use crate::engine::protocol::{Identity, Keep, failed, script_answer};
 use crate::engine::{Answer, Op, Protocol};
 use crate::error::NodeOutcome;
 use crate::guard::guard;
@@ -59,10 +59,13 @@ impl Intent {
         Self { field, ms: u64::try_from(ms).unwrap_or(u64::MAX) }
     }
 
-    /// The command that withdraws this intent from a node (a writer that gave up).
+    /// The command that withdraws this intent from a node (a writer that gave up). It
+    /// removes no hold, so it leaves no tombstone (the script still takes one's name).
     pub(crate) fn withdrawal(&self, key: &str) -> Command {
-        let args = [Arg::Bytes(b""), Arg::ReleaseChannel(key), Arg::Bytes(self.field.as_bytes())];
-        Command::script(&command::RW_RELEASE, &[key], &args, Resend::Safe)
+        let intent = Arg::Bytes(self.field.as_bytes());
+        let args = [Arg::Bytes(b""), Arg::ReleaseChannel(key), intent, Arg::Bytes(b"0")];
+        let tombstone = crate::tombstone::key(key, &self.field);
+        Command::script(&command::RW_RELEASE, &[key, &tombstone], &args, Resend::Safe)
     }
 }
 
@@ -110,9 +113,11 @@ impl Protocol for Share {
         &self.id
     }
 
-    fn command(&self, op: Op, ttl: Ttl) -> Command {
-        let (keys, field) = ([&*self.id.keys[0]], self.field.as_bytes());
-        let ms = ttl.ms().to_string();
+    fn command(&self, op: Op, ttl: Ttl, keep: Keep) -> Command {
+        let keys = [&*self.id.keys[0], &*self.id.tombstone];
+        let field = self.field.as_bytes();
+        let (ms, keep) = (ttl.ms().to_string(), keep.arg());
+        let keep = Arg::Bytes(keep.as_bytes());
         let intent_ms = self.intent.as_ref().map_or(0, |intent| intent.ms).to_string();
         let intent = self.intent.as_ref().map_or(&b""[..], |intent| intent.field.as_bytes());
         let (field, ms, intent) =
@@ -127,12 +132,15 @@ impl Protocol for Share {
             (Op::Extend, _) => (&command::RW_EXTEND, vec![field, ms]),
             // Given up for good: the intent goes too (where it lingers, on the nodes that
             // refused us).
-            (Op::Release, _) => (&command::RW_RELEASE, vec![field, channel, intent]),
+            (Op::Release, _) => (&command::RW_RELEASE, vec![field, channel, intent, keep]),
             // A failed attempt of a writer that keeps waiting keeps its intent.
-            (Op::CleanUp, _) => (&command::RW_RELEASE, vec![field, channel, Arg::Bytes(b"")]),
-            (Op::Check, _) => (&command::RW_CHECK, vec![field]),
+            (Op::CleanUp, _) => (&command::RW_RELEASE, vec![field, channel, Arg::Bytes(b""), keep]),
+            (Op::Check, _) => {
+                return Command::script(&command::RW_CHECK, &keys[..1], &[field], Resend::Safe);
+            }
         };
-        Command::script(script, &keys, &args, Resend::Safe)
+        let command = Command::script(script, &keys, &args, Resend::Safe);
+        if op == Op::Acquire || op == Op::Extend { command.bounded() } else { command }
     }
 
     fn answer(&self, op: Op, reply: &Reply) -> Answer {
@@ -205,8 +213,9 @@ mod tests {
         assert_eq!(intent.ms, 600, "2 x (100 + 100) ms + 4 x 50 ms");
         let writer = Share::new("doc".into(), Mode::Write, Some(intent.clone()), None);
         let ttl = config.ttl;
-        let has_intent =
-            |op| format!("{:?}", writer.command(op, ttl).first()).contains(&*intent.field);
+        let has_intent = |op| {
+            format!("{:?}", writer.command(op, ttl, Keep::NONE).first()).contains(&*intent.field)
+        };
         assert!(has_intent(Op::Acquire));
         assert!(has_intent(Op::Release));
         assert!(!has_intent(Op::CleanUp));

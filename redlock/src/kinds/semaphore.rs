@@ -22,7 +22,7 @@ use redis::Value;
 
 use crate::command::{self, Arg, Command, Resend};
 use crate::config::{Config, Ttl};
-use crate::engine::protocol::{Identity, failed, script_answer};
+use crate::engine::protocol::{Identity, Keep, failed, script_answer};
 use crate::engine::{Answer, Op, Protocol};
 use crate::error::{Error, NodeOutcome, Result};
 use crate::guard::guard;
@@ -135,9 +135,10 @@ impl Protocol for PermitHold {
         &self.id
     }
 
-    fn command(&self, op: Op, ttl: Ttl) -> Command {
+    fn command(&self, op: Op, ttl: Ttl, keep: Keep) -> Command {
         let token = self.id.token.as_bytes();
-        let keys = [self.slot_key(), &self.count_key];
+        let tombstone = &*self.id.tombstone;
+        let keys = [&**self.slot_key(), &self.count_key, tombstone];
         match op {
             Op::Acquire | Op::Extend => {
                 let ms = ttl.ms().to_string();
@@ -147,13 +148,15 @@ impl Protocol for PermitHold {
                     &command::PERMIT_EXTEND
                 };
                 let args = [token, ms.as_bytes(), self.count.as_bytes()];
-                Command::script(script, &keys, &args, Resend::Safe)
+                Command::script(script, &keys, &args, Resend::Safe).bounded()
             }
             // The plain lock's release, published on the count key's channel: a waiter for
             // any slot hears it.
             Op::Release | Op::CleanUp => {
-                let args = [Arg::Bytes(token), Arg::ReleaseChannel(&self.count_key)];
-                Command::script(&command::RELEASE, &keys[..1], &args, Resend::Safe)
+                let keep = keep.arg();
+                let channel = Arg::ReleaseChannel(&self.count_key);
+                let args = [Arg::Bytes(token), channel, Arg::Bytes(keep.as_bytes())];
+                Command::script(&command::RELEASE, &[keys[0], tombstone], &args, Resend::Safe)
             }
             Op::Check => {
                 let mut cmd = redis::cmd("GET");
@@ -263,7 +266,7 @@ mod tests {
         let hold = permits("", "jobs", 2).hold(0, None);
         let ttl = Ttl::new(std::time::Duration::from_secs(1), 0.01).unwrap();
         for op in [Op::Acquire, Op::Extend, Op::Release, Op::CleanUp, Op::Check] {
-            assert_eq!(hold.command(op, ttl).resend(), Resend::Safe, "{op:?}");
+            assert_eq!(hold.command(op, ttl, Keep::NONE).resend(), Resend::Safe, "{op:?}");
         }
     }
 }

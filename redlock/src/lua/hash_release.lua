@@ -1,12 +1,14 @@
--- Hash-based lock, release: removes our own hold (and, for a writer, its intent), never
--- another's; when no hold remains, waiters are told on the release channel.
--- KEYS[1] = the lock key, ARGV[1] = our field (or '' to withdraw an intent alone),
--- ARGV[2] = the release channel, ARGV[3] = our intent field or ''.
+-- Hash-based lock, release (after undo_mark.lua): removes our own hold (and, for a writer,
+-- its intent), never another's, and leaves our tombstone; when no hold remains, waiters are
+-- told on the release channel.
+-- KEYS[1] = the lock key, KEYS[2] = our tombstone; ARGV[1] = our field (or '' to withdraw an
+-- intent alone), ARGV[2] = the release channel, ARGV[3] = our intent field or '', ARGV[4] =
+-- the tombstone's lifetime in milliseconds.
 -- Returns 1 when our field was removed, 2 when it was removed but the notification was
--- refused (an ACL user without the channel: the release stands), 0 when it was absent
--- (expired, never set here, or removed by an earlier send of this very request), -1 when
--- it was absent and a conflicting hold exists. A key of another type (or a hash of
--- another kind) raises WRONGTYPE: never touched.
+-- refused (an ACL user without the channel: the release stands), 3 when an earlier send of
+-- this undo removed it, 0 when it was absent (expired, never set here), -1 when it was
+-- absent and a conflicting hold exists. A key of another type (or a hash of another kind)
+-- raises WRONGTYPE: never touched.
 
 local changed = false
 local result = 0
@@ -20,8 +22,13 @@ if ARGV[1] ~= '' and live[ARGV[1]] ~= nil then
   redis.call('HDEL', key, ARGV[1])
   changed = true
   result = 1
+elseif ARGV[1] ~= '' and removed_before() then
+  result = 3
 elseif ARGV[1] ~= '' and conflicting(ARGV[1]) then
   result = -1
+end
+if ARGV[1] ~= '' then
+  undone(result == 1)
 end
 if changed then
   settle()

@@ -1,18 +1,21 @@
--- Multi release: delete every key that still holds our token, leave every other key alone,
--- and tell each deleted key's waiters.
--- KEYS = the lock keys, ARGV[1] = our token, ARGV[1 + i] = the release channel of KEYS[i].
--- Returns {ours, foreign, refused}: how many keys held our token (and were deleted), how
--- many were held by another owner, and 1 when a notification was refused (an ACL user
--- without the channel: the release stands). Every key is read before any is deleted, so a
--- key of another type raises WRONGTYPE from GET before anything changed.
+-- Multi release (after undo_mark.lua): delete every key that still holds our token, leave
+-- every other key alone, leave our tombstone, and tell each deleted key's waiters.
+-- KEYS = the lock keys, then our tombstone; ARGV[1] = our token, ARGV[1 + i] = the release
+-- channel of KEYS[i], ARGV[#ARGV] = the tombstone's lifetime in milliseconds.
+-- Returns {ours, foreign, refused, before}: how many keys held our token (and were
+-- deleted), how many were held by another owner, 1 when a notification was refused (an ACL
+-- user without the channel: the release stands), and 1 when an earlier send of this undo
+-- deleted ours. Every key is read before any is deleted, so a key of another type raises
+-- WRONGTYPE from GET before anything changed.
+local locks = #KEYS - 1
 local values = {}
-for i, key in ipairs(KEYS) do
-  values[i] = redis.call('GET', key)
+for i = 1, locks do
+  values[i] = redis.call('GET', KEYS[i])
 end
 local ours, foreign, refused = 0, 0, 0
-for i, key in ipairs(KEYS) do
+for i = 1, locks do
   if values[i] == ARGV[1] then
-    redis.call('DEL', key)
+    redis.call('DEL', KEYS[i])
     local published = redis.pcall('PUBLISH', ARGV[1 + i], '1')
     if type(published) == 'table' and published.err then
       refused = 1
@@ -22,4 +25,9 @@ for i, key in ipairs(KEYS) do
     foreign = foreign + 1
   end
 end
-return {ours, foreign, refused}
+local before = 0
+if ours == 0 and removed_before() then
+  before = 1
+end
+undone(ours > 0)
+return {ours, foreign, refused, before}

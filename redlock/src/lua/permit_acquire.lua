@@ -1,7 +1,8 @@
--- Acquire one permit slot of a counting lock: the slot is a plain lock key (key = token), and
+-- Acquire one permit slot of a counting lock (after create_guard.lua): the slot is a plain lock key (key = token), and
 -- the count key next to it (same hash slot) records how many permits the resource has.
--- KEYS[1] = the slot key, KEYS[2] = the count key; ARGV[1] = our token, ARGV[2] = the lease
--- in milliseconds, ARGV[3] = the number of permits this client asks with.
+-- KEYS[1] = the slot key, KEYS[2] = the count key, KEYS[3] = our tombstone; ARGV[1] = our
+-- token, ARGV[2] = the lease in milliseconds, ARGV[3] = the number of permits this client
+-- asks with, ARGV[4] = the deadline.
 -- Returns nil when set, the holder's token (ours after a re-sent request) when the slot is
 -- held, and an integer, the count the node has recorded (0 if unreadable), when it differs
 -- from ours: nothing is changed then. Everything is read before anything is written, so a
@@ -18,7 +19,7 @@ if current then
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 if count then
-  redis.call('PEXPIRE', KEYS[2], ARGV[2], 'GT')
+  lengthen(KEYS[2], ARGV[2])
 else
   redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[2])
 end

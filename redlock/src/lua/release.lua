@@ -1,18 +1,26 @@
--- Release: delete the key only if it still holds our token, and tell the waiters.
--- KEYS[1] = the lock key, ARGV[1] = our token, ARGV[2] = the release channel.
+-- Release (after undo_mark.lua): delete the key only if it still holds our token, leave our
+-- tombstone, and tell the waiters.
+-- KEYS[1] = the lock key, KEYS[2] = our tombstone; ARGV[1] = our token, ARGV[2] = the release
+-- channel, ARGV[3] = the tombstone's lifetime in milliseconds.
 -- Returns 1 when deleted, 2 when deleted but the notification was refused (an ACL user
--- without the channel: the release stands, waiters fall back to polling), 0 when the key is
--- absent, -1 when another owner holds it. A key of another type raises WRONGTYPE from GET:
--- never touched.
+-- without the channel: the release stands, waiters fall back to polling), 3 when an earlier
+-- send of this undo deleted it, 0 when the key is absent, -1 when another owner holds it.
+-- A key of another type raises WRONGTYPE from GET: never touched.
 local current = redis.call('GET', KEYS[1])
 if current == ARGV[1] then
   redis.call('DEL', KEYS[1])
+  undone(true)
   local published = redis.pcall('PUBLISH', ARGV[2], '1')
   if type(published) == 'table' and published.err then
     return 2
   end
   return 1
-elseif current == false then
+elseif removed_before() then
+  undone(false)
+  return 3
+end
+undone(false)
+if current == false then
   return 0
 end
 return -1

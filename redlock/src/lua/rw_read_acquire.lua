@@ -1,6 +1,7 @@
--- Read-write lock, reader acquire: one more share, unless a writer holds the lock or waits
+-- Read-write lock, reader acquire (after create_guard.lua): one more share, unless a writer holds the lock or waits
 -- for it (a live intent: writer preference).
--- KEYS[1] = the lock key, ARGV[1] = our field ('r:<token>'), ARGV[2] = the lease in ms.
+-- KEYS[1] = the lock key, KEYS[2] = our tombstone; ARGV[1] = our field ('r:<token>'),
+-- ARGV[2] = the lease in ms, ARGV[3] = the deadline.
 -- Returns 1 when the share is set (or was already: a re-sent request), -1 when a writer
 -- holds the lock, -2 when a writer waits. A key of another type raises WRONGTYPE.
 

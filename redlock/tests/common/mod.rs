@@ -269,6 +269,7 @@ pub const MINIMAL_ACL: &[&str] = &[
     "+get",
     "+set",
     "+del",
+    "+pttl",
     "+hset",
     "+hdel",
     "+hgetall",

@@ -1,0 +1,34 @@
+-- Put first in every script that creates or renews a hold (acquisitions of every kind,
+-- extensions). What makes the protocol independent of the order in which a node sees one
+-- token's requests:
+-- - ARGV[#ARGV] is the request's deadline in the node's own milliseconds (the client's
+--   estimate of the node's clock when it sent the request, plus the node timeout and the
+--   estimate's error; 0 when the client has no estimate). Past it the client has given up
+--   on the request, so a request run later (a node that was hung, a connection's buffered
+--   bytes read after a reset) changes nothing: a late create can never outlive its undo.
+-- - KEYS[#KEYS] is the token's tombstone (undo_mark.lua): once an undo of the token ran
+--   here, nothing of the token is created here again while it lives, and it lives until
+--   the token's last create is past its deadline.
+-- Both refusals are error replies: LATE (the client counts it as timed out) and UNDONE.
+do
+  local deadline = tonumber(ARGV[#ARGV]) or 0
+  if deadline > 0 then
+    local clock = redis.call('TIME')
+    local at = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+    if at > deadline then
+      return redis.error_reply('LATE the request reached the node after its deadline')
+    end
+  end
+  if redis.call('GET', KEYS[#KEYS]) then
+    return redis.error_reply('UNDONE the hold was already released or cleaned up here')
+  end
+end
+-- Renews `key` to `ms` from now, never shortening it: the client may count a failed
+-- extension as not having happened and keep its old validity, so a shorter lease landing
+-- anyway must not let another client in before that validity ends. (PEXPIRE ... GT does
+-- this from Redis 7.0 on; this works on 6.2.)
+local function lengthen(key, ms)
+  if redis.call('PTTL', key) < tonumber(ms) then
+    redis.call('PEXPIRE', key, ms)
+  end
+end

@@ -1,0 +1,27 @@
+-- Put first in every script that undoes a hold (releases, clean-ups). KEYS[#KEYS] is the
+-- token's tombstone, ARGV[#ARGV] how long it must live (in milliseconds): until the
+-- token's last create is past its deadline and what it set has expired (create_guard.lua).
+-- Its value says whether the token's hold was removed here ('1'), by this send or an earlier
+-- send of the same undo, or was absent when the undo came ('0'): a re-sent release answers
+-- exactly.
+local tombstone = KEYS[#KEYS]
+local keep = tonumber(ARGV[#ARGV]) or 0
+-- Whether an earlier undo of the token removed its hold here.
+local function removed_before()
+  return redis.call('GET', tombstone) == '1'
+end
+-- Leaves the tombstone: `removed` when this send removed the hold. Its lifetime never
+-- shrinks; a removal always leaves one (a re-send must be able to tell), at least 1 ms.
+local function undone(removed)
+  local ms = math.max(keep, 1)
+  if not removed and keep <= 0 then
+    return
+  end
+  if redis.call('PTTL', tombstone) < ms then
+    local mark = '0'
+    if removed or removed_before() then mark = '1' end
+    redis.call('SET', tombstone, mark, 'PX', ms)
+  elseif removed then
+    redis.call('SET', tombstone, '1', 'KEEPTTL')
+  end
+end

@@ -14,6 +14,7 @@
 //! a cold start over a slow link (TCP, TLS, `SCRIPT LOAD`, `INFO`: several round trips)
 //! does not eat the node timeout of the first request.
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -192,6 +193,13 @@ pub(crate) struct Node {
     clock: Arc<Mutex<Option<NodeClock>>>,
     /// A fresh reading of the node's clock is under way.
     reading_clock: Arc<AtomicBool>,
+    /// The widest error any deadline on this node was given, in microseconds: how late
+    /// past its sender's timeout a create may still run there ([`Node::late_by`]).
+    widest_error: AtomicU64,
+}
+
+fn duration_us(duration: Duration) -> u64 {
+    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// How fast the client's and the node's clocks may drift apart, as a fraction: twice the
@@ -199,7 +207,8 @@ pub(crate) struct Node {
 const CLOCK_DRIFT: f64 = 1e-3;
 
 /// A clock reading older than this is taken again (in the background, on the node's
-/// connection) when a deadline is asked of it: its error grows by 1 ms a second.
+/// connection) when a deadline is asked of it, and one older than twice this first: its
+/// error grows by 1 ms a second.
 const CLOCK_RESYNC: Duration = Duration::from_secs(10);
 
 /// The error of a clock reading is never taken for less than this (the node's clock has a
@@ -262,6 +271,7 @@ impl Node {
             servers,
             clock: Arc::default(),
             reading_clock: Arc::default(),
+            widest_error: AtomicU64::new(0),
         }
     }
 
@@ -269,27 +279,44 @@ impl Node {
     /// waits `within` for: the node's clock now as estimated, plus `within`, plus the
     /// estimate's error, so that a request that reaches the node while its sender still
     /// waits is never refused; 0 (none) while the node's clock was never read.
-    pub(crate) fn deadline(&self, within: Duration) -> u64 {
-        let now = crate::clock::now();
-        let Some(clock) = *lock_ignoring_poison(&self.clock) else { return 0 };
-        if now.saturating_duration_since(clock.at) > CLOCK_RESYNC {
+    ///
+    /// A reading older than [`CLOCK_RESYNC`] is taken again in the background; one older
+    /// than twice that (a node left idle) first, so that no deadline carries the error of
+    /// a stale reading.
+    pub(crate) async fn deadline(&self, within: Duration) -> u64 {
+        let reading = *lock_ignoring_poison(&self.clock);
+        let Some(mut clock) = reading else { return 0 };
+        let age = crate::clock::now().saturating_duration_since(clock.at);
+        if age > CLOCK_RESYNC * 2
+            && let Some(handle) = self.ready()
+        {
+            let mut connection = handle.connection;
+            if let Ok(Ok(fresh)) = tokio::time::timeout(within, read_clock(&mut connection)).await {
+                *lock_ignoring_poison(&self.clock) = Some(fresh);
+                clock = fresh;
+            }
+        } else if age > CLOCK_RESYNC {
             self.read_clock_again();
         }
-        let elapsed = now.saturating_duration_since(clock.at) + within + clock.error(now);
+        let now = crate::clock::now();
+        let error = clock.error(now);
+        self.widest_error.fetch_max(duration_us(error), Ordering::Relaxed);
+        let elapsed = now.saturating_duration_since(clock.at) + within + error;
         let us = u128::from(clock.node_us) + elapsed.as_micros();
         u64::try_from(us.div_ceil(1000)).unwrap_or(u64::MAX)
     }
 
-    /// How far past a request's own timeout the node may still run it (its deadline's
-    /// error): what a client that gave up on a create must still wait out before nothing
-    /// of it can appear. Twice the estimate's error (the deadline adds it once, and the
-    /// node's clock may be off by as much the other way).
+    /// How far past a request's own timeout the node may still run it: what a client that
+    /// gave up on a create must still wait out before nothing of it can appear. Twice the
+    /// widest error any deadline on this node was given (the deadline adds it once, and
+    /// the node's clock may be off by as much the other way); [`UNREAD_CLOCK_ERROR`]
+    /// while the node's clock was never read.
     pub(crate) fn late_by(&self) -> Duration {
-        let now = crate::clock::now();
-        match *lock_ignoring_poison(&self.clock) {
-            Some(clock) => clock.error(now + CLOCK_RESYNC) * 2,
-            None => UNREAD_CLOCK_ERROR,
+        if lock_ignoring_poison(&self.clock).is_none() {
+            return UNREAD_CLOCK_ERROR;
         }
+        let widest = self.widest_error.load(Ordering::Relaxed).max(duration_us(CLOCK_MIN_ERROR));
+        Duration::from_micros(widest) * 2
     }
 
     /// Reads the node's clock again on its open connection, in the background (one at a
@@ -442,31 +469,31 @@ impl Node {
     /// A [bounded](Command::bounded) command gets its deadline here: `within` from now in
     /// the node's clock, plus the estimate's error (see [`Node::deadline`]).
     pub(crate) async fn send(&self, command: &Command, within: Duration) -> Reply {
-        let deadline = command.is_bounded().then(|| self.deadline(within));
-        let with_deadline = |cmd: &Cmd| {
-            let mut cmd = cmd.clone();
-            cmd.arg(deadline.unwrap_or(0));
-            cmd
-        };
-        let bounded = deadline.map(|_| with_deadline(command.first()));
-        let first = bounded.as_ref().unwrap_or(command.first());
-        let reply = self.send_cmd(first, command.resend()).await;
+        let bound = command.is_bounded().then_some(within);
+        let reply = self.send_cmd(command.first(), command.resend(), bound).await;
         if !matches!(&reply.value, Err(failure) if failure.is_noscript()) {
             return reply;
         }
-        let Some(mut eval) = command.fallback() else { return reply };
-        if deadline.is_some() {
-            eval = with_deadline(&eval);
-        }
+        let Some(eval) = command.fallback() else { return reply };
         // NOSCRIPT: the script did not run, so sending it in full is no repetition. Boxed,
         // like every rare path here: the request future stays smaller, and a round moves
         // its requests around.
-        let mut again = Box::pin(self.send_cmd(&eval, command.resend())).await;
+        let mut again = Box::pin(self.send_cmd(&eval, command.resend(), bound)).await;
         again.resent |= reply.resent;
         again
     }
 
-    async fn send_cmd(&self, cmd: &Cmd, resend: Resend) -> Reply {
+    /// `cmd`, ending with its deadline if it is `bound` to be given up on that long after
+    /// it goes out (see [`Node::deadline`]): stamped once its connection is there, so that
+    /// the deadline is read from that connection's reading of the node's clock.
+    async fn stamped<'a>(&self, cmd: &'a Cmd, bound: Option<Duration>) -> Cow<'a, Cmd> {
+        let Some(within) = bound else { return Cow::Borrowed(cmd) };
+        let mut cmd = cmd.clone();
+        cmd.arg(Box::pin(self.deadline(within)).await);
+        Cow::Owned(cmd)
+    }
+
+    async fn send_cmd(&self, cmd: &Cmd, resend: Resend, bound: Option<Duration>) -> Reply {
         if resend == Resend::Never {
             return Box::pin(self.send_once(cmd)).await;
         }
@@ -477,11 +504,12 @@ impl Node {
                 Err(failure) => return Reply::unconnected(failure),
             },
         };
-        match self.send_on(first, cmd).await {
+        let stamped = self.stamped(cmd, bound).await;
+        match self.send_on(first, &stamped).await {
             Sent::Reply(value) => Reply { value, resent: false, written: true },
             // Nothing left the client: a first send on a new connection, no repetition.
-            Sent::Unsent(_) => Box::pin(self.send_anew(cmd, false)).await,
-            Sent::Stale(_) => Box::pin(self.send_anew(cmd, true)).await,
+            Sent::Unsent(_) => Box::pin(self.send_anew(cmd, false, bound)).await,
+            Sent::Stale(_) => Box::pin(self.send_anew(cmd, true, bound)).await,
         }
     }
 
@@ -515,9 +543,9 @@ impl Node {
     /// Sends `cmd` on a new connection: a connection opened before this call may have
     /// died since (a node restart, an idle timeout), and one more try spares the caller a
     /// spurious failure. `resent` when the earlier try may have been written.
-    async fn send_anew(&self, cmd: &Cmd, resent: bool) -> Reply {
+    async fn send_anew(&self, cmd: &Cmd, resent: bool, bound: Option<Duration>) -> Reply {
         let (value, written) = match self.connection().await {
-            Ok(handle) => match self.send_on(handle, cmd).await {
+            Ok(handle) => match self.send_on(handle, &*self.stamped(cmd, bound).await).await {
                 Sent::Reply(value) => (value, true),
                 Sent::Stale(failure) => (Err(failure), true),
                 Sent::Unsent(failure) => (Err(failure), false),
@@ -706,13 +734,17 @@ async fn open(
     // Before any create goes out on it: a create's deadline is written in the node's clock.
     match read_clock(&mut connection).await {
         Ok(reading) => *lock_ignoring_poison(clock) = Some(reading),
-        Err(err) if err.code().is_some() => tracing::warn!(
+        Err(err) if err.is_io_error() || err.is_connection_dropped() || err.is_timeout() => {
+            return Err(unreachable(err));
+        }
+        // Refused (an ACL user without `+time`) or not understood: the node still works,
+        // without deadlines.
+        Err(err) => tracing::warn!(
             target: "redlock",
             %err,
             "the node's clock could not be read (an ACL user without `+time`?): creates on it \
              carry no deadline, so one that reaches it late may outlive its undo"
         ),
-        Err(err) => return Err(unreachable(err)),
     }
     let reply = connection.send_packed_command(redis::cmd("INFO").arg("server")).await;
     let replied_at = Instant::now();

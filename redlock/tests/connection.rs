@@ -212,5 +212,5 @@ async fn a_refused_attempt_whose_slow_connect_opens_after_the_round_leaves_no_ke
     }
     assert_eq!(node.get("k").unwrap(), None, "a key of the refused attempt was left: {seen:?}");
     // The acquisition did land there: the clean-up had something to undo.
-    assert!(common::set_calls(node) >= 1, "the slow node never ran the SET: {seen:?}");
+    assert!(common::create_calls(node) >= 1, "the slow node never ran the SET: {seen:?}");
 }

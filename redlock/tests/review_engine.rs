@@ -107,11 +107,12 @@ async fn a_release_whose_connects_time_out_is_retried_only_until_the_lease_ends(
     faulty.proxy(2).heal();
 }
 
-/// Attack (connect timeouts are now `TimedOut`): a node whose process is dead (its proxy
-/// accepts, then closes at once) refuses connections: the release there is Unreachable
-/// and must not be sent again,  (shutdown then has nothing to wait for).
+/// A node whose process is dead (its proxy accepts, then closes at once): the release
+/// there is sent again, a few times with growing pauses and never in a spin (a node with
+/// its data on disk may come back within the lease), and a shutdown stops the re-sends
+/// instead of waiting for them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_release_to_a_dead_node_is_not_retried() {
+async fn a_release_to_a_dead_node_is_sent_again_and_shutdown_does_not_wait_for_it() {
     common::logs();
     let mut faulty = FaultyCluster::start(3).unwrap();
     let rl = common::builder_for(faulty.urls(), Duration::from_millis(200))
@@ -123,12 +124,9 @@ async fn a_release_to_a_dead_node_is_not_retried() {
     faulty.cluster_mut().node_mut(2).kill().unwrap();
     lock.release().await.unwrap();
     tokio::time::sleep(Duration::from_millis(800)).await;
-    assert_eq!(
-        common::requests_ended(&url, "release"),
-        1,
-        "a release to a dead node was sent again"
-    );
-    // Nothing left in flight: shutdown does not wait for its deadline.
+    let sent = common::requests_ended(&url, "release");
+    assert!((2..=12).contains(&sent), "{sent} releases sent to the dead node in 800 ms");
+    // The re-sends stop: shutdown does not wait for its deadline.
     let started = Instant::now();
     let _ = rl.shutdown(Duration::from_secs(3)).await;
     let waited = started.elapsed();

@@ -231,12 +231,12 @@ async fn cancelled_attempts_do_not_wake_the_waiter() {
     let waiting = waiter(&a, "storm");
     subscribed(faulty.cluster(), "storm").await;
     tokio::time::sleep(ms(100)).await;
-    let before = common::set_calls(faulty.cluster().node(0));
+    let before = common::create_calls(faulty.cluster().node(0));
     for _ in 0..10 {
         assert!(tokio::time::timeout(ms(5), a.try_lock("storm")).await.is_err());
         tokio::time::sleep(ms(100)).await;
     }
-    let sets = common::set_calls(faulty.cluster().node(0)) - before;
+    let sets = common::create_calls(faulty.cluster().node(0)) - before;
     other.release().await.unwrap();
     tokio::time::timeout(Duration::from_secs(8), waiting).await.unwrap().unwrap();
     assert!(sets <= 12, "{sets} SETs for 10 cancelled try_locks: the waiter was woken by them");
@@ -281,7 +281,7 @@ async fn taking_turns(
     hold: Duration,
     run: Duration,
 ) -> (u64, u64) {
-    let before = common::set_calls(cluster.node(0));
+    let before = common::create_calls(cluster.node(0));
     let grants = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let end = Instant::now() + run;
     let handles: Vec<_> = (0..tasks)
@@ -302,7 +302,10 @@ async fn taking_turns(
     for handle in handles {
         handle.await.unwrap();
     }
-    (grants.load(std::sync::atomic::Ordering::Relaxed), common::set_calls(cluster.node(0)) - before)
+    (
+        grants.load(std::sync::atomic::Ordering::Relaxed),
+        common::create_calls(cluster.node(0)) - before,
+    )
 }
 
 /// Four tasks of one client take turns (no hold, then 2 ms), waits polling every 100 ms:

@@ -49,14 +49,11 @@ async fn a_killed_node_behind_a_proxy_does_not_hold_up_shutdown() {
     assert_eq!(err.kind(), redlock::ErrorKind::Shutdown, "{err}");
 }
 
-/// Known limit (older than the review): node 2 (AOF, fsync always) is killed before the
-/// release: its release meets a refused connect and is not re-sent (background.rs: "what
-/// it had not run is gone"). But the node comes back with its data, the released key
-/// included, and keeps it for the rest of the lease: "refused = the keys are gone" is
-/// false for a persistent node.
+/// Node 2 (AOF, fsync always) is killed before the release: its release meets refused
+/// connects and is sent again from the background; the node comes back with its data, the
+/// released key included, and the next send removes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known limit: a persistent node killed before a release keeps the released key after its restart, for the lease"]
-async fn a_node_killed_then_restarted_with_its_data_keeps_the_released_key() {
+async fn a_node_killed_before_a_release_and_restarted_with_its_data_loses_the_released_key() {
     let config = NodeConfig::new().persistence(Persistence::AppendFsyncAlways);
     let mut cluster = Cluster::start_with(3, config).unwrap();
     let rl = client(cluster.urls());
@@ -105,11 +102,10 @@ async fn a_node_resetting_forever_holds_up_nothing_beyond_shutdowns_deadline() {
     assert!(took < Duration::from_millis(900), "shutdown took {took:?}: {err}");
 }
 
-/// Known limit (README, undos lost to resets): 150 locks released while node 4 resets for
-/// 1.2 s, longer than the releases' quick re-sends: their keys stay on node 4 for the
-/// lease. f7c3e9c removed them once the node healed, at the cost above.
+/// 150 locks released while node 4 resets for 1.2 s, longer than the releases' quick
+/// re-sends: the background sends them again, their keys go once the node heals, and
+/// nothing is left to wait for at shutdown.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known limit: an undo lost to resets outlasting its three quick re-sends leaves its key for the lease"]
 async fn many_releases_in_one_long_reset_all_land_and_end() {
     let faulty = Arc::new(FaultyCluster::start(5).unwrap());
     let rl = client(faulty.urls());

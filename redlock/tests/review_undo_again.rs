@@ -223,7 +223,7 @@ async fn a_re_sent_release_runs_after_the_set_a_paused_node_had_buffered() {
     rl.try_lock("warm").await.unwrap().release().await.unwrap();
     for round in 0..3 {
         let key = format!("paused:{round}");
-        let sets_before = common::set_calls(faulty.cluster().node(2));
+        let sets_before = common::create_calls(faulty.cluster().node(2));
         faulty.cluster_mut().node_mut(2).pause().unwrap();
         let lock = rl.try_lock(&key).await.unwrap();
         // The SET on node 2 is written to the paused node's socket.
@@ -243,7 +243,11 @@ async fn a_re_sent_release_runs_after_the_set_a_paused_node_had_buffered() {
             faulty.cluster().node(2).pttl(&key).unwrap()
         );
         // The premise: the buffered SET did run on node 2 after the reset (late).
-        assert_eq!(common::set_calls(faulty.cluster().node(2)), sets_before + 1, "round {round}");
+        assert_eq!(
+            common::create_calls(faulty.cluster().node(2)),
+            sets_before + 1,
+            "round {round}"
+        );
     }
 }
 

@@ -65,19 +65,13 @@ async fn block_background_thread(lock: redlock::Lock, ms: u64) {
     assert!(began.await, "staging: the background thread was not blocked");
 }
 
-// FAILS here and before (03f847d): a known limit, ignored with its reason. The first-poll
-// rule only covers a close the driver has
-// already seen. Interleaving: the client's thread is busy (here: 800 ms in a log call) when
-// every node closes the client's connections (CLIENT KILL; in production an idle
-// `timeout`, a restart); another client force-releases "k", takes and releases it; the
-// holder's release() now pushes its command into the still-open channel of each cached
-// connection (first poll: Pending, nothing written), the driver then wakes, reads EOF
-// before writing anything and drops the command -> Sent::Stale -> re-sent with
-// `resent: true` -> "absent" read as "the earlier try removed it" -> Ok. Nothing ever
-// left the client, yet release() says Ok for a lock another client held meanwhile: the
-// very outcome the commit's motivating test forbids.
+// The client's thread is busy (here: 800 ms in a log call) when every node closes the
+// client's connections (CLIENT KILL; in production an idle `timeout`, a restart); another
+// client force-releases "k", takes and releases it; the holder's release() now pushes its
+// command into the still-open channel of each cached connection, the driver then reads EOF
+// and drops it, and it is re-sent on a new connection. The re-send finds the key absent
+// and no tombstone of its own: the hold was gone before, `NotHeld`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known limit (also before ab3965a): a close the driver has not seen yet; a release tombstone would settle it"]
 async fn a_release_sent_before_the_driver_saw_the_nodes_close_reports_a_lock_taken_meanwhile() {
     install_blocker();
     let cluster = common::cluster(3);

@@ -195,7 +195,8 @@ async fn a_waiting_lock_answers_shutdown_at_once_and_withdraws_its_intent() {
     };
     assert!(common::eventually(Duration::from_secs(5), intent_everywhere).await);
     assert!(
-        common::eventually(Duration::from_secs(5), || common::set_calls(cluster.node(0)) > 1).await
+        common::eventually(Duration::from_secs(5), || common::create_calls(cluster.node(0)) > 1)
+            .await
     );
 
     let started = Instant::now();

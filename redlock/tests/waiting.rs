@@ -220,10 +220,10 @@ async fn waiters_behind_the_first_in_line_leave_the_attempts_to_it() {
         // In line (subscribed) before the next one asks.
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let before = common::set_calls(cluster.node(0));
+    let before = common::create_calls(cluster.node(0));
     let hold = Duration::from_millis(500);
     tokio::time::sleep(hold).await;
-    let calls = common::set_calls(cluster.node(0)) - before;
+    let calls = common::create_calls(cluster.node(0)) - before;
     held.release().await.unwrap();
     for waiter in waiters {
         waiter.await.unwrap();
@@ -374,7 +374,8 @@ async fn a_waiter_does_not_poll_while_a_task_of_its_client_holds_the_lock() {
     let mut holding = holding;
     holding.recv().await.unwrap();
     drop(holding);
-    let set_calls_everywhere = || (0..5).map(|i| common::set_calls(cluster.node(i))).sum::<u64>();
+    let set_calls_everywhere =
+        || (0..5).map(|i| common::create_calls(cluster.node(i))).sum::<u64>();
     let before = set_calls_everywhere();
     tokio::time::sleep(hold - Duration::from_millis(100)).await;
     let calls = set_calls_everywhere() - before;

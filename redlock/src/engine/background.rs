@@ -91,6 +91,9 @@ where
     }
 }
 
+/// What an undo that was to be sent again answers when the client shuts down first.
+const NOT_AGAIN: &str = "not sent again: the client shut down";
+
 /// The first pause before an undo is sent again; it doubles each time, up to a second.
 const FIRST_PAUSE: Duration = Duration::from_millis(50);
 const MAX_PAUSE: Duration = Duration::from_secs(1);
@@ -224,7 +227,9 @@ impl Retries {
     fn again<M: Remake>(&mut self, i: usize, undos: &Undos<M>) -> bool {
         let Some(pause) = self.pauses.get_mut(i) else { return false };
         let wait = *pause;
-        if crate::clock::now() + wait >= undos.until {
+        // Not once the client shuts down: `shutdown` reports the node instead of waiting
+        // out a node that may be gone for the rest of the lease.
+        if crate::clock::now() + wait >= undos.until || undos.core.tasks.is_closing() {
             return false;
         }
         *pause = (wait * 2).min(MAX_PAUSE);
@@ -232,10 +237,13 @@ impl Retries {
         // a shutdown, or the client's next acquisition of the key, counts it as in flight
         // from now on.
         let undo = (undos.remake)(i, Slot::new(), None);
+        let closed = undos.core.tasks.closed();
         self.sent.push(
             async move {
-                tokio::time::sleep(wait).await;
-                undo.await
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => undo.await,
+                    () = closed => (i, NodeOutcome::Unreachable(NOT_AGAIN.into())),
+                }
             }
             .boxed(),
         );

@@ -14,3 +14,6 @@ pub mod quarantine {}
 
 #[doc = include_str!("semaphore.md")]
 pub mod semaphore {}
+
+#[doc = include_str!("order.md")]
+pub mod order {}

@@ -6,3 +6,6 @@ pub(crate) mod plain;
 pub(crate) mod reentrant;
 pub(crate) mod rwlock;
 pub(crate) mod semaphore;
+
+#[cfg(test)]
+mod order_free_tests;

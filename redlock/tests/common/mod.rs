@@ -218,12 +218,15 @@ pub async fn warm_and_slow(faulty: &FaultyCluster, rl: &Redlock) {
     }
 }
 
-/// How many `SET` commands `node` ran so far (a plain lock's acquisition is one).
-pub fn set_calls(node: &redlock_testkit::RedisNode) -> u64 {
+/// How many creates (acquisition attempts and extensions, of the plain and multi locks and
+/// permits) `node` ran so far: each reads the node's clock (`TIME`) once for its deadline.
+/// The count also has one per connection opened and one per re-read of the clock (after
+/// ten seconds of use); hash-based kinds read it in every script.
+pub fn create_calls(node: &redlock_testkit::RedisNode) -> u64 {
     let mut con = node.connection().unwrap();
     let info: String = redis::cmd("INFO").arg("commandstats").query(&mut con).unwrap();
     info.lines()
-        .find_map(|line| line.strip_prefix("cmdstat_set:calls="))
+        .find_map(|line| line.strip_prefix("cmdstat_time:calls="))
         .and_then(|rest| rest.split(',').next())
         .map_or(0, |calls| calls.parse().unwrap())
 }
@@ -285,3 +288,13 @@ pub const MINIMAL_ACL: &[&str] = &[
     "~redlock:fence:app:*",
     "+info",
 ];
+
+/// The SHA1 the library sends its plain lock's acquisition script by (`EVALSHA`): what a
+/// proxy can pick acquisitions out by.
+pub fn plain_acquire_sha() -> String {
+    let source = concat!(
+        include_str!("../../src/lua/create_guard.lua"),
+        include_str!("../../src/lua/plain_acquire.lua")
+    );
+    redis::Script::new(source).get_hash().to_owned()
+}

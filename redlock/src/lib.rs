@@ -127,10 +127,11 @@
 //! [`ErrorKind::Config`] error naming the feature.
 //!
 //! # ACL users and secrets
-//! The permissions an ACL user needs are listed in the README's "ACL users" section:
-//! keys under the prefix (and `redlock:fence:` + prefix for fencing), the
-//! `redlock:released:` + prefix channels, the commands the scripts run, and `info` for
-//! the server check and [restart quarantine](RedlockBuilder::restart_quarantine). A user
+//! The permissions an ACL user needs are listed in the README's "ACL users" section (what
+//! each rule is for, and what happens without it: [`guide::security`]): keys under the
+//! prefix (and `redlock:fence:` + prefix for fencing), the `redlock:released:` + prefix
+//! channels, the commands the scripts run, and `info` for the server check and
+//! [restart quarantine](RedlockBuilder::restart_quarantine). A user
 //! without the channels still releases; its waiters poll. Passwords are never printed:
 //! URLs show as `redis://user:***@host:6379`, and errors and logs name nodes by
 //! `host:port/db`.

@@ -1,7 +1,8 @@
-//! Design notes for users: how each lock kind is laid out on the nodes and why two
-//! holders cannot coexist, how fencing tokens are ordered, and when to turn on restart
-//! quarantine. Nothing here is code; every promise made here has a test (see the README's
-//! guarantees table).
+//! Design notes and setup pages for users: how each lock kind is laid out on the nodes and
+//! why two holders cannot coexist, how fencing tokens are ordered, when to turn on restart
+//! quarantine, how to configure a client, TLS and ACL users, and what operating one takes
+//! (shutdown, metrics, supported servers). Nothing here is code; every promise made here
+//! has a test (`TESTING.md` in the repository lists them).
 
 #[doc = include_str!("kinds.md")]
 pub mod kinds {}
@@ -17,3 +18,12 @@ pub mod semaphore {}
 
 #[doc = include_str!("order.md")]
 pub mod order {}
+
+#[doc = include_str!("configuration.md")]
+pub mod configuration {}
+
+#[doc = include_str!("security.md")]
+pub mod security {}
+
+#[doc = include_str!("operations.md")]
+pub mod operations {}

@@ -48,7 +48,18 @@ struct Running {
     count: AtomicUsize,
     /// Of `count`, the acquisitions.
     acquisitions: AtomicUsize,
+    /// Of `count`, the tasks that only send undos again after failures (see
+    /// [`Tasks::park`]): a shutdown does not wait for them.
+    parked: AtomicUsize,
     idle: Notify,
+}
+
+impl Running {
+    /// Tasks and acquisitions a shutdown waits for.
+    fn busy(&self) -> usize {
+        let count = self.count.load(Ordering::Acquire);
+        count.saturating_sub(self.parked.load(Ordering::Acquire))
+    }
 }
 
 /// Counts one task from its spawn to its end, however it ends (completed, aborted, or
@@ -64,9 +75,27 @@ impl Counted {
 
 impl Drop for Counted {
     fn drop(&mut self) {
-        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+        self.0.count.fetch_sub(1, Ordering::AcqRel);
+        if self.0.busy() == 0 {
             self.0.idle.notify_waiters();
         }
+    }
+}
+
+/// Marks a task as one that only sends undos again, after they failed, until it is
+/// dropped (see [`Tasks::park`]).
+#[must_use = "marks the task only while it lives"]
+pub(crate) struct Parked(Arc<Running>);
+
+impl Drop for Parked {
+    fn drop(&mut self) {
+        self.0.parked.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl std::fmt::Debug for Parked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Parked")
     }
 }
 
@@ -166,22 +195,35 @@ impl Tasks {
     }
 
     /// How many tasks (and acquisitions) are under way.
+    #[cfg(test)]
     pub(crate) fn running(&self) -> usize {
         self.running.count.load(Ordering::Acquire)
     }
 
-    /// Waits until no task nor acquisition is under way or `deadline` passes; `true` when
-    /// idle.
+    /// Marks the calling task, until the returned value is dropped, as one that only sends
+    /// undos again after they failed (a node that resets, or is down and may come back
+    /// with its data): it goes on until they are answered or nothing they remove can exist
+    /// any more, but a shutdown does not wait for it (it names those nodes instead).
+    pub(crate) fn park(&self) -> Parked {
+        self.running.parked.fetch_add(1, Ordering::AcqRel);
+        if self.running.busy() == 0 {
+            self.running.idle.notify_waiters();
+        }
+        Parked(self.running.clone())
+    }
+
+    /// Waits until no task nor acquisition is under way, [parked](Self::park) tasks aside,
+    /// or `deadline` passes; `true` when idle.
     pub(crate) async fn idle_by(&self, deadline: Instant) -> bool {
         loop {
             let idle = self.running.idle.notified();
             tokio::pin!(idle);
             idle.as_mut().enable();
-            if self.running() == 0 {
+            if self.running.busy() == 0 {
                 return true;
             }
             if tokio::time::timeout_at(deadline.into(), idle).await.is_err() {
-                return self.running() == 0;
+                return self.running.busy() == 0;
             }
         }
     }

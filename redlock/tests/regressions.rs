@@ -111,7 +111,7 @@ async fn a_reentrant_attempt_that_lands_late_on_a_majority_is_undone() {
     let rl = common::builder(&cluster, Duration::from_millis(100)).build().unwrap();
     rl.try_lock("warm").await.unwrap().release().await.unwrap();
     let wakeup = cluster.pause_for(&[0, 1, 2], Duration::from_millis(400)).unwrap();
-    let err = rl.reentrant("job", "job-7").await.unwrap_err();
+    let err = rl.reentrant("job", "job-7").once().await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unavailable);
     wakeup.join().unwrap();
     assert!(

@@ -100,8 +100,7 @@ async fn an_auto_extended_lock_released_from_its_runtime_leaves_no_key_behind_a_
     let ttl = Duration::from_millis(6000);
     let rl = common::builder_for(faulty.urls(), NODE_TIMEOUT).ttl(ttl).build().unwrap();
     rl.try_lock("warm").await.unwrap().release().await.unwrap();
-    let extend_sha =
-        redis::Script::new(include_str!("../src/lua/extend.lua")).get_hash().to_owned();
+    let extend_sha = common::extend_sha();
     faulty.proxy(2).hold_requests_containing(extend_sha.as_bytes(), HOLD);
     let auto = rl.try_lock("job").await.unwrap().auto_extend();
     let cluster = faulty.cluster();

@@ -15,7 +15,7 @@ use redlock_testkit::{FaultyCluster, NetFault};
 /// The SHA the release script is sent under (`EVALSHA`): what a proxy holds to hold back
 /// releases and nothing else.
 fn release_sha() -> String {
-    redis::Script::new(include_str!("../src/lua/release.lua")).get_hash().to_owned()
+    common::release_sha()
 }
 
 /// Breaks client 0's connection to node `i`, dropping whatever the proxy still held on it,

@@ -159,6 +159,7 @@ async fn a_stale_connection_then_noscript_on_the_resend_still_releases() {
         "+get",
         "+set",
         "+del",
+        "+pttl",
         "+hset",
         "+hdel",
         "+hgetall",

@@ -14,7 +14,7 @@ use redlock_testkit::{FaultyCluster, NetFault};
 
 /// The SHA the release script is sent under (`EVALSHA`).
 fn release_sha() -> String {
-    redis::Script::new(include_str!("../src/lua/release.lua")).get_hash().to_owned()
+    common::release_sha()
 }
 
 /// Breaks the client's connection to node `i` (dropping whatever the proxy still held on

@@ -199,24 +199,24 @@ async fn a_node_that_always_resets_does_not_hold_up_a_release_with_a_quorum() {
     lock.release().await.unwrap();
     let took = started.elapsed();
     assert!(took < Duration::from_millis(200), "the release took {took:?}");
-    // The background tries end (at most four tries and 260 ms of pauses): shutdown sees the
-    // node's release failed, not still in flight.
+    // The background tries go on (until the lease's end): shutdown names the node rather
+    // than wait for them.
+    let started = Instant::now();
     let err = rl.shutdown(Duration::from_secs(3)).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Shutdown, "{err}");
-    assert_eq!(faulty.cluster().nodes_with_key("stuck").unwrap(), vec![2]);
+    assert!(started.elapsed() < Duration::from_secs(1), "shutdown waited for the re-sends");
+    let left = faulty.cluster().nodes_with_key("stuck").unwrap();
+    assert!(left.is_empty() || left == vec![2], "the key is left on {left:?}");
 }
 
-/// The re-send does not overtake what it undoes. Node 2 is paused (SIGSTOP) with the
-/// acquisition's SET in its socket buffer; its proxy resets the connection, so the SET's
-/// reply is lost, and the release cannot even open a new connection. The proxy heals
-/// 5 ms into the release: its next try opens a connection to the still-paused node (the
-/// handshake waits in the node's buffers too), and the node resumes 100 ms later. The old
-/// connection's SET is read in the node's first event-loop turn (and what follows it is
-/// dropped by the reset the node's first reply draws), before the new connection's
-/// handshake (three round trips) lets the release out: the release runs last and the key
-/// is gone.
+/// Node 2 is paused (SIGSTOP) with the acquisition in its socket buffer; its proxy resets
+/// the connection, so the acquisition's reply is lost, and the release cannot even open a
+/// new connection. The proxy heals 5 ms into the release: its next try opens a connection
+/// to the still-paused node, and the node resumes 100 ms later and runs both, in whatever
+/// order: the key is gone either way (the acquisition is past its deadline, or finds the
+/// release's tombstone).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_re_sent_release_runs_after_the_set_a_paused_node_had_buffered() {
+async fn an_acquisition_a_paused_node_had_buffered_leaves_nothing_with_its_release() {
     let mut faulty = FaultyCluster::start(3).unwrap();
     let rl =
         common::builder_for(faulty.urls(), Duration::from_millis(600)).ttl(LEASE).build().unwrap();
@@ -242,10 +242,11 @@ async fn a_re_sent_release_runs_after_the_set_a_paused_node_had_buffered() {
             faulty.cluster().nodes_with_key(&key).unwrap(),
             faulty.cluster().node(2).pttl(&key).unwrap()
         );
-        // The premise: the buffered SET did run on node 2 after the reset (late).
+        // The premise: the buffered acquisition did run on node 2 after the reset (late),
+        // besides the new connection's clock reading.
         assert_eq!(
             common::create_calls(faulty.cluster().node(2)),
-            sets_before + 1,
+            sets_before + 2,
             "round {round}"
         );
     }

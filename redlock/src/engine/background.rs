@@ -91,9 +91,6 @@ where
     }
 }
 
-/// What an undo that was to be sent again answers when the client shuts down first.
-const NOT_AGAIN: &str = "not sent again: the client shut down";
-
 /// The first pause before an undo is sent again; it doubles each time, up to a second.
 const FIRST_PAUSE: Duration = Duration::from_millis(50);
 const MAX_PAUSE: Duration = Duration::from_secs(1);
@@ -169,13 +166,21 @@ pub(crate) fn finish<F, M: Remake>(
     };
     let task = async move {
         let mut rest = rest;
-        while let Some((i, outcome)) = next(&mut rest, &mut retries).await {
+        // Once only undos sent again after a failure are left: a shutdown names their
+        // nodes rather than wait for them (see `Tasks::park`).
+        let mut parked = None;
+        loop {
+            if rest.is_empty() && parked.is_none() {
+                parked = Some(undos.core.tasks.park());
+            }
+            let Some((i, outcome)) = next(&mut rest, &mut retries).await else { break };
             if undos.sends_again(i, &outcome, &mut retries) {
                 continue;
             }
             unfinished.left.retain(|node| *node != i);
             report(&undos, i, &outcome);
         }
+        drop(parked);
         drop(unfinished);
     };
     match place {
@@ -227,9 +232,7 @@ impl Retries {
     fn again<M: Remake>(&mut self, i: usize, undos: &Undos<M>) -> bool {
         let Some(pause) = self.pauses.get_mut(i) else { return false };
         let wait = *pause;
-        // Not once the client shuts down: `shutdown` reports the node instead of waiting
-        // out a node that may be gone for the rest of the lease.
-        if crate::clock::now() + wait >= undos.until || undos.core.tasks.is_closing() {
+        if crate::clock::now() + wait >= undos.until {
             return false;
         }
         *pause = (wait * 2).min(MAX_PAUSE);
@@ -237,13 +240,10 @@ impl Retries {
         // a shutdown, or the client's next acquisition of the key, counts it as in flight
         // from now on.
         let undo = (undos.remake)(i, Slot::new(), None);
-        let closed = undos.core.tasks.closed();
         self.sent.push(
             async move {
-                tokio::select! {
-                    () = tokio::time::sleep(wait) => undo.await,
-                    () = closed => (i, NodeOutcome::Unreachable(NOT_AGAIN.into())),
-                }
+                tokio::time::sleep(wait).await;
+                undo.await
             }
             .boxed(),
         );

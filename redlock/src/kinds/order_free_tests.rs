@@ -182,4 +182,3 @@ fn a_resent_release_answers_what_the_first_send_did() {
         }
     }
 }
-

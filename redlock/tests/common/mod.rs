@@ -298,3 +298,21 @@ pub fn plain_acquire_sha() -> String {
     );
     redis::Script::new(source).get_hash().to_owned()
 }
+
+/// The SHA1 of the plain lock's release script (also its clean-up's).
+pub fn release_sha() -> String {
+    let source = concat!(
+        include_str!("../../src/lua/undo_mark.lua"),
+        include_str!("../../src/lua/release.lua")
+    );
+    redis::Script::new(source).get_hash().to_owned()
+}
+
+/// The SHA1 of the plain lock's extension script.
+pub fn extend_sha() -> String {
+    let source = concat!(
+        include_str!("../../src/lua/create_guard.lua"),
+        include_str!("../../src/lua/extend.lua")
+    );
+    redis::Script::new(source).get_hash().to_owned()
+}

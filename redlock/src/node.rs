@@ -92,19 +92,12 @@ impl Failure {
 #[derive(Debug)]
 pub(crate) struct Reply {
     pub(crate) value: Result<Value, Failure>,
-    /// An earlier send of the command was written on a connection that dropped before its
-    /// reply, and this one went out again: it may have run twice (only [`Resend::Safe`]
-    /// commands), so "nothing to remove" may mean that the earlier send removed it.
-    pub(crate) resent: bool,
-    /// This send was handed to a connection: it may have run even if its reply is lost.
-    /// `false` when no connection could be had (nothing left the client).
-    pub(crate) written: bool,
 }
 
 impl Reply {
     /// No connection could be had: nothing left the client.
     pub(crate) fn unconnected(failure: Failure) -> Self {
-        Reply { value: Err(failure), resent: false, written: false }
+        Reply { value: Err(failure) }
     }
 
     /// What the reply says of whether the node hangs: `Some(false)` when the node itself
@@ -478,9 +471,7 @@ impl Node {
         // NOSCRIPT: the script did not run, so sending it in full is no repetition. Boxed,
         // like every rare path here: the request future stays smaller, and a round moves
         // its requests around.
-        let mut again = Box::pin(self.send_cmd(&eval, command.resend(), bound)).await;
-        again.resent |= reply.resent;
-        again
+        Box::pin(self.send_cmd(&eval, command.resend(), bound)).await
     }
 
     /// `cmd`, ending with its deadline if it is `bound` to be given up on that long after
@@ -506,10 +497,9 @@ impl Node {
         };
         let stamped = self.stamped(cmd, bound).await;
         match self.send_on(first, &stamped).await {
-            Sent::Reply(value) => Reply { value, resent: false, written: true },
-            // Nothing left the client: a first send on a new connection, no repetition.
-            Sent::Unsent(_) => Box::pin(self.send_anew(cmd, false, bound)).await,
-            Sent::Stale(_) => Box::pin(self.send_anew(cmd, true, bound)).await,
+            Sent::Reply(value) => Reply { value },
+            // Safe to repeat (every lock operation is): once more on a new connection.
+            Sent::Stale(_) => Box::pin(self.send_anew(cmd, bound)).await,
         }
     }
 
@@ -535,51 +525,33 @@ impl Node {
         };
         let value = match self.send_on(handle, cmd).await {
             Sent::Reply(value) => value,
-            Sent::Stale(failure) | Sent::Unsent(failure) => Err(failure),
+            Sent::Stale(failure) => Err(failure),
         };
-        Reply { value, resent: false, written: true }
+        Reply { value }
     }
 
     /// Sends `cmd` on a new connection: a connection opened before this call may have
     /// died since (a node restart, an idle timeout), and one more try spares the caller a
-    /// spurious failure. `resent` when the earlier try may have been written.
-    async fn send_anew(&self, cmd: &Cmd, resent: bool, bound: Option<Duration>) -> Reply {
-        let (value, written) = match self.connection().await {
+    /// spurious failure.
+    async fn send_anew(&self, cmd: &Cmd, bound: Option<Duration>) -> Reply {
+        let value = match self.connection().await {
             Ok(handle) => match self.send_on(handle, &*self.stamped(cmd, bound).await).await {
-                Sent::Reply(value) => (value, true),
-                Sent::Stale(failure) => (Err(failure), true),
-                Sent::Unsent(failure) => (Err(failure), false),
+                Sent::Reply(value) => value,
+                Sent::Stale(failure) => Err(failure),
             },
-            Err(failure) => return Reply { resent, ..Reply::unconnected(failure) },
+            Err(failure) => Err(failure),
         };
-        Reply { value, resent, written }
+        Reply { value }
     }
 
     async fn send_on(&self, mut handle: Handle, cmd: &Cmd) -> Sent {
-        let mut send = std::pin::pin!(handle.connection.send_packed_command(cmd));
-        let mut first = true;
-        // A connection whose driver is gone (the node closed it and the driver saw it)
-        // refuses the command on its first poll, before queueing it: nothing was written.
-        // A refusal on the first poll is taken for that, though it can also be a command
-        // written and failed while this thread was preempted (see `Sent::Unsent`).
-        let (result, at_once) = std::future::poll_fn(|cx| {
-            let at_once = std::mem::replace(&mut first, false);
-            send.as_mut().poll(cx).map(|result| (result, at_once))
-        })
-        .await;
-        match result {
+        match handle.connection.send_packed_command(cmd).await {
             Ok(Value::ServerError(err)) => Sent::Reply(Err(Failure::from_redis(&err.into()))),
             Ok(value) => Sent::Reply(Ok(value)),
             Err(err) if err.is_unrecoverable_error() || err.is_connection_dropped() => {
                 self.discard(handle.generation);
                 let failure = Failure::from_redis(&err);
-                if at_once {
-                    Sent::Unsent(failure)
-                } else if handle.fresh {
-                    Sent::Reply(Err(failure))
-                } else {
-                    Sent::Stale(failure)
-                }
+                if handle.fresh { Sent::Reply(Err(failure)) } else { Sent::Stale(failure) }
             }
             Err(err) => Sent::Reply(Err(Failure::from_redis(&err))),
         }
@@ -833,14 +805,9 @@ fn load_scripts() -> redis::Pipeline {
 
 enum Sent {
     Reply(Result<Value, Failure>),
-    /// The connection, cached from an earlier call, was already dead: the command may
-    /// have been written before it dropped.
+    /// The connection, cached from an earlier call, was already dead (or died with the
+    /// command): it may or may not have run.
     Stale(Failure),
-    /// The connection refused the command on its first poll: taken for refused before
-    /// queueing (nothing written), as it is when the driver had seen the connection close.
-    /// Not proof: a caller preempted within that poll can see the driver write the command
-    /// and fail it on a drop (a known limit; see `send_once` and the crate's limits).
-    Unsent(Failure),
 }
 
 #[cfg(test)]
@@ -871,7 +838,7 @@ mod tests {
         node.set_hung(true);
         assert!(node.is_hung(crate::clock::now()));
         assert!(!node.is_hung(crate::clock::now() + LATE_FOR), "waited for again after a while");
-        let reply = |value| Reply { value, resent: false, written: true };
+        let reply = |value| Reply { value };
         // A dead node's quick refusals say nothing of whether requests that reach it stall
         // (an acquisition queued behind its clean-ups' retries times out).
         assert_eq!(reply(Err(Failure::Unreachable("reset".into()))).hangs(), None);

@@ -2,15 +2,14 @@
 //! of the nodes that had not answered yet.
 //!
 //! Rules, each for a reason:
-//! - They stay registered with the client's undos until they are over, so that the
-//!   client's next acquisition of the key on that node waits for them.
+//! - They stay registered with the client's undos until they are over: the client's next
+//!   acquisition of the key passes their tokens as abandoned, and a shutdown names their
+//!   nodes.
 //! - They run on the caller's runtime when there is one: a hop to another thread per
 //!   request costs more than the request itself under load. If that runtime ends first (a
 //!   short-lived runtime, a test's), the nodes that had not answered are handed over to the
 //!   client's own thread and their undos sent again (every undo is safe to repeat): an undo
-//!   dropped unsent would leave its key for a whole lease. Each goes out behind the
-//!   original: the request it undoes may live on another runtime and not have gone out
-//!   yet.
+//!   dropped unsent would leave its key for a whole lease.
 //! - An undo that timed out or could not reach its node (a reset, a node down that may come
 //!   back with its data) is sent again, after pauses that double up to a second, until it
 //!   is answered or nothing it removes can exist any more (the claim's horizon: every
@@ -40,34 +39,26 @@ use super::call::NodeCall;
 use super::protocol::{Answer, Keys, Op};
 use super::round::Rest;
 use super::slot::{Slot, Slots};
-use super::undo::{After, Tracked};
+use super::undo::Tracked;
 
-/// Makes a fresh undo request for a node, settling the given slot when over, queued behind
-/// the other given slot if any (for a hand-over: the original undo's, which hands on to the
-/// request it was still waiting for), and registered with the client's undos while in
-/// flight. A plain closure, kept by value: most rounds never remake anything.
+/// Makes a fresh undo request for a node, settling the given slot when over, and
+/// registered with the client's undos while in flight. A plain closure, kept by value:
+/// most rounds never remake anything.
 pub(crate) trait Remake:
-    Fn(usize, Slot, Option<Slot>) -> BoxFuture<'static, (usize, NodeOutcome)>
-    + Clone
-    + Send
-    + Sync
-    + 'static
+    Fn(usize, Slot) -> BoxFuture<'static, (usize, NodeOutcome)> + Clone + Send + Sync + 'static
 {
 }
 
 impl<T> Remake for T where
-    T: Fn(usize, Slot, Option<Slot>) -> BoxFuture<'static, (usize, NodeOutcome)>
-        + Clone
-        + Send
-        + Sync
-        + 'static
+    T: Fn(usize, Slot) -> BoxFuture<'static, (usize, NodeOutcome)> + Clone + Send + Sync + 'static
 {
 }
 
-/// The [`Remake`] of `op`'s `command` on `keys`, whose replies `read` reads.
+/// The [`Remake`] of `op`'s `command` on `keys`, undoing the hold `token` names (if any),
+/// whose replies `read` reads.
 pub(crate) fn remake<R>(
     core: &Arc<Core>,
-    keys: &Keys,
+    (keys, token): (&Keys, Option<&Arc<str>>),
     (op, command): (Op, &Arc<Command>),
     read: R,
 ) -> impl Remake + use<R>
@@ -75,12 +66,12 @@ where
     R: Fn(&Reply) -> Answer + Clone + Send + Sync + 'static,
 {
     let (core, keys, command) = (core.clone(), keys.clone(), command.clone());
-    move |node, slot, previous| {
-        let tracked = core.undos.track_one(node, &keys, &slot);
+    let token = token.cloned();
+    move |node, slot| {
+        let tracked = core.undos.track_one(node, &keys, token.as_ref(), &slot);
         let command = command.clone();
-        // Sent again only after a reconnect: since any connection opened.
-        let (after, since) = (After::new(), 0);
-        let request = NodeCall { node, op, command, previous, after, slot, since };
+        // Sent again only after a connection opened: since any did.
+        let request = NodeCall { node, op, command, slot, since: 0 };
         let call = request.send(&core, read.clone());
         async move {
             let answer = call.await;
@@ -158,7 +149,6 @@ pub(crate) fn finish<F, M: Remake>(
     let tasks = undos.core.tasks.clone();
     // Built outside the task: a task dropped before its first poll still hands its undos on.
     let mut unfinished = Unfinished {
-        slots: rest.slots().clone(),
         left: pending,
         undos: undos.clone(),
         hand_over: place == Place::Caller,
@@ -239,7 +229,7 @@ impl Retries {
         // Made (and so registered with the client's undos, its slot open) before the pause:
         // a shutdown, or the client's next acquisition of the key, counts it as in flight
         // from now on.
-        let undo = (undos.remake)(i, Slot::new(), None);
+        let undo = (undos.remake)(i, Slot::new());
         self.sent.push(
             async move {
                 tokio::time::sleep(wait).await;
@@ -274,8 +264,6 @@ where
 /// The nodes whose undo has not answered yet: if the task is dropped before (its runtime
 /// ended), they are sent again on the client's own thread.
 struct Unfinished<M: Remake> {
-    /// The original undos' slots: each undo sent again queues behind its node's.
-    slots: Slots,
     left: Nodes,
     undos: Undos<M>,
     hand_over: bool,
@@ -292,10 +280,7 @@ impl<M: Remake> Drop for Unfinished<M> {
         let left = std::mem::take(&mut self.left);
         let remake = self.undos.remake.clone();
         let slots = Slots::new(self.undos.core.nodes.len());
-        let requests = Rest::new(
-            &slots,
-            left.iter().map(|&i| remake(i, slots.get(i), Some(self.slots.get(i)))),
-        );
+        let requests = Rest::new(&slots, left.iter().map(|&i| remake(i, slots.get(i))));
         finish(self.undos.clone(), requests, left, Taken::new(), None, Place::Own);
     }
 }

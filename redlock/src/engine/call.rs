@@ -1,26 +1,21 @@
-//! One call to one node (a command and what it must wait for), and the ordering rules
-//! every call follows:
+//! One call to one node, and the rules every call follows:
 //!
-//! - it goes out only after the requests it must follow on that node are over (`after`):
-//!   for an undo, the request it undoes; for an acquisition, this client's undos still in
-//!   flight on the same key;
+//! - it goes out at once: nothing waits for another request (a create carries a deadline
+//!   and respects its token's tombstone, an undo leaves the tombstone, so their order on a
+//!   node does not matter: see `guide::order`);
 //! - a node with no connection yet is first given the connect timeout to open one
-//!   (TCP, TLS, AUTH, the script preload and the server check are several round trips, too
-//!   many for a node timeout sized for one), unless its last connect failed; a round is
-//!   still decided at the quorum without waiting for it, and validity counts from the
-//!   round's start, so a slow connect only shortens the lease;
-//! - its own exchange with the node is bounded by the node timeout; an acquisition's wait
-//!   counts against it too (it is worthless once the round is over), an undo's does not
-//!   (an undo whose clock ran while it waited could time out before it is even queued);
+//!   (TCP, TLS, AUTH, the script preload, the server check and the clock reading are
+//!   several round trips, too many for a node timeout sized for one), unless its last
+//!   connect failed; a round is still decided at the quorum without waiting for it, and
+//!   validity counts from the round's start, so a slow connect only shortens the lease;
+//! - its own exchange with the node is bounded by the node timeout;
 //! - whatever happens to it (answered, timed out, dropped unsent), its slot settles, so
-//!   that nothing waits for it forever;
-//! - an undo lost with a connection that broke, or that could not be opened (a reset, not
-//!   a refusal or a timeout), is sent again on a new one, a few times after short pauses,
-//!   before its slot settles: it is safe to repeat, and without this a reset leaves the
-//!   key for a whole lease (the background retries only undos that timed out); but not
-//!   where no connection to the node opened since what it undoes was made (`since`): then
-//!   nothing it undoes left the client (a refused certificate or login), and re-sending
-//!   would only hold up the client's next attempt on the key, which waits for it.
+//!   that it no longer counts as in flight;
+//! - an undo lost with a connection that broke, or that could not be opened, is sent again
+//!   on a new one a few times after short pauses before its round counts it (the
+//!   background then goes on: see `background`); but not where no connection to the node
+//!   opened since what it undoes was made (`since`): then nothing it undoes left the
+//!   client (a refused certificate or login).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -34,17 +29,12 @@ use crate::telemetry;
 use super::Core;
 use super::protocol::{Answer, Op};
 use super::slot::{SettleOnDrop, Slot};
-use super::undo::After;
 
 /// A call to node `node`, ready to be sent.
 pub(crate) struct NodeCall {
     pub(crate) node: usize,
     pub(crate) op: Op,
     pub(crate) command: Arc<Command>,
-    /// What must be over on the node before it goes out: the claim's previous request
-    /// there, if any, and `after`.
-    pub(crate) previous: Option<Slot>,
-    pub(crate) after: After,
     /// Settled when it is over.
     pub(crate) slot: Slot,
     /// The node's connection generation when the first request this call undoes was made
@@ -53,11 +43,9 @@ pub(crate) struct NodeCall {
 }
 
 impl NodeCall {
-    /// A read-only check of node `node`, ordered after nothing: it changes nothing, so it
-    /// may overtake whatever is in flight.
+    /// A read-only check of node `node`.
     pub(crate) fn check(node: usize, command: Arc<Command>, slot: Slot) -> NodeCall {
-        let (previous, after) = (None, After::new());
-        NodeCall { node, op: Op::Check, command, previous, after, slot, since: 0 }
+        NodeCall { node, op: Op::Check, command, slot, since: 0 }
     }
 
     /// The request as a future answering `(node, outcome)`; `read` says what the reply
@@ -70,42 +58,23 @@ impl NodeCall {
     where
         R: FnOnce(&Reply) -> Answer + Send + 'static,
     {
-        let Self { node: i, op, command, previous, after, slot, since } = self;
+        let Self { node: i, op, command, slot, since } = self;
         let node = core.nodes[i].clone();
         let timeout = core.config.node_timeout;
         // Made before the future: a request dropped before its first poll settles too.
-        let mut turn = SettleOnDrop::new(slot, previous);
+        let settle = SettleOnDrop::new(slot);
         async move {
+            let _settle = settle;
             let started = telemetry::request_started();
-            // Whether the request reached its turn: an acquisition timed out while still
-            // queued behind this client's own requests says nothing of the node.
-            let mut its_turn = false;
-            let reply = if op == Op::Acquire {
-                // Nothing is sent while it connects, so this overtakes nothing.
-                match node.connect_first().await {
-                    Err(failure) => Ok(Reply::unconnected(failure)),
-                    Ok(()) => {
-                        let exchange = async {
-                            turn.wait_turn(&after).await;
-                            its_turn = true;
-                            node.send(&command, timeout).await
-                        };
-                        tokio::time::timeout(timeout, exchange).await
-                    }
-                }
-            } else {
-                turn.wait_turn(&after).await;
-                its_turn = true;
-                if op == Op::CleanUp && !node.may_have_reached(since) {
-                    // The attempt it cleans up is over and never left the client: no
-                    // connection opened since. A send would cost a connect that fails
-                    // like the attempt's, and the client's next attempt waits for it.
-                    return (i, NodeOutcome::Absent);
-                }
-                match node.connect_first().await {
-                    Err(failure) => Ok(Reply::unconnected(failure)),
-                    Ok(()) => tokio::time::timeout(timeout, node.send(&command, timeout)).await,
-                }
+            if op == Op::CleanUp && !node.may_have_reached(since) {
+                // The attempt it cleans up is over and never left the client: no connection
+                // opened since. A send would only cost a connect that fails like the
+                // attempt's.
+                return (i, NodeOutcome::Absent);
+            }
+            let reply = match node.connect_first().await {
+                Err(failure) => Ok(Reply::unconnected(failure)),
+                Ok(()) => tokio::time::timeout(timeout, node.send(&command, timeout)).await,
             };
             let reply = match reply {
                 Ok(reply) if reply.is_lost() && op.is_undo() => {
@@ -114,7 +83,7 @@ impl NodeCall {
                 }
                 reply => reply.ok(),
             };
-            if let Some(hangs) = reply.as_ref().map_or(its_turn.then_some(true), Reply::hangs) {
+            if let Some(hangs) = reply.as_ref().map_or(Some(true), Reply::hangs) {
                 node.set_hung(hangs);
             }
             let Some(reply) = reply else {
@@ -142,11 +111,10 @@ const UNDO_AGAIN: [Duration; 3] =
     [Duration::from_millis(10), Duration::from_millis(50), Duration::from_millis(200)];
 
 /// Sends a lost undo (`first`) again until it is no longer lost (answered, refused), the
-/// pauses run out, or a try times out (`None`). The reply is marked re-sent once a try
-/// was written on a connection that broke: that try may have run, and "absent" then
-/// means done. A try that found no connection sent nothing, so its "absent" means absent.
-/// Not sent again while no connection opened since generation `since`: what it undoes
-/// never left the client either.
+/// pauses run out, or a try times out (`None`). Every undo is safe to repeat, and its
+/// tombstone makes a repeat answer what the first send did. Not sent again while no
+/// connection opened since generation `since`: what it undoes never left the client
+/// either.
 async fn undo_again(
     node: &Node,
     command: &Command,
@@ -157,17 +125,13 @@ async fn undo_again(
     if command.resend() != Resend::Safe {
         return Some(first);
     }
-    let mut may_have_run = first.resent || first.written;
     let mut reply = first;
     for pause in UNDO_AGAIN {
         if !node.may_have_reached(since) {
             break;
         }
         tokio::time::sleep(pause).await;
-        let again = tokio::time::timeout(timeout, node.send(command, timeout)).await.ok()?;
-        let resent = may_have_run || again.resent;
-        may_have_run = resent || again.written;
-        reply = Reply { resent, ..again };
+        reply = tokio::time::timeout(timeout, node.send(command, timeout)).await.ok()?;
         if !reply.is_lost() {
             break;
         }

@@ -6,7 +6,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use smallvec::{SmallVec, smallvec};
 use tracing::Instrument;
 
 use crate::clock;
@@ -20,10 +19,10 @@ use super::Core;
 use super::background::{self, Place};
 use super::call::NodeCall;
 use super::fencing;
-use super::protocol::{Keep, Op, Protocol};
+use super::protocol::{Args, Keep, Op, Protocol};
 use super::round::{self, Round};
-use super::slot::{Slot, Slots};
-use super::undo::{After, Sent, Tracked};
+use super::slot::Slots;
+use super::undo::{Sent, Tracked};
 
 /// What a hold that an extension found gone answers from then on.
 const LOST: &str = "an extension found the hold gone; its keys were released then";
@@ -35,9 +34,6 @@ pub(crate) struct Claim<P: Protocol> {
     proto: Arc<P>,
     /// What errors and logs name: the resource, or the resources joined by `", "`.
     resource: Arc<str>,
-    /// Per node, this claim's latest request there, which every later request of the
-    /// claim on that node waits for: an undo never overtakes what it undoes.
-    tails: SmallVec<[Option<Slot>; 7]>,
     ttl: Ttl,
     deadline: Instant,
     /// The latest instant a key of this claim may live to on a node, as far as the
@@ -117,7 +113,11 @@ impl<P: Protocol> Claim<P> {
             return Err((err, report));
         }
         let proto = Arc::new(proto);
-        let command = Arc::new(proto.command(Op::Acquire, ttl, Keep::NONE));
+        // This client's own abandoned holds of the keys whose undos are still on their way
+        // count as free: its retry is never refused by them, and waits for nothing.
+        let abandoned = core.undos.abandoned(proto.keys());
+        let args = Args { ttl, keep: Keep::NONE, abandoned: &abandoned };
+        let command = Arc::new(proto.command(Op::Acquire, &args));
         let n = core.nodes.len();
         // Armed from here: if this future is dropped mid-round, Drop releases whatever the
         // round may have set, each release queued behind its node's acquisition.
@@ -125,7 +125,6 @@ impl<P: Protocol> Claim<P> {
             core: core.clone(),
             proto: proto.clone(),
             resource,
-            tails: smallvec![None; n],
             ttl,
             deadline: ttl.deadline(started_at),
             expires_by: started_at + ttl.duration(),
@@ -136,16 +135,13 @@ impl<P: Protocol> Claim<P> {
             generations: core.nodes.iter().map(|node| node.generation()).collect(),
             since: started_at,
         };
-        // This client's own undos of the keys still in flight go first on their nodes: its
-        // abandoned attempt must not refuse it.
-        let pending = core.undos.pending(proto.keys());
         let slots = Slots::new(n);
         let requests = round::Rest::new(
             &slots,
-            (0..n).map(|i| claim.request(&slots, i, Op::Acquire, &command, pending.on(i))),
+            (0..n).map(|i| claim.request(&slots, i, Op::Acquire, &command)),
         );
         // Unanswered requests go on in the background: a lock held on more nodes than the
-        // bare quorum survives more failures. Releases on their nodes wait for them.
+        // bare quorum survives more failures.
         let (round, rest) = round::run_acquire(requests, started_at, &core.nodes).await;
         round::finish(&core.tasks, rest);
         let err = match round.settled {
@@ -199,22 +195,18 @@ impl<P: Protocol> Claim<P> {
         Err((err, round))
     }
 
-    /// A request of this claim on node `i`, queued behind the claim's previous one there
-    /// (and behind `after`), which becomes the node's latest; its slot is node `i`'s of `slots`.
+    /// A request of this claim on node `i`; its slot is node `i`'s of `slots`.
     fn request(
-        &mut self,
+        &self,
         slots: &Slots,
         i: usize,
         op: Op,
         command: &Arc<Command>,
-        after: After,
     ) -> impl Future<Output = (usize, NodeOutcome)> + Send + 'static + use<P> {
-        let slot = slots.get(i);
-        let previous = self.tails[i].replace(slot.clone());
         let proto = self.proto.clone();
         let command = command.clone();
         let since = self.generations[i];
-        let request = NodeCall { node: i, op, command, previous, after, slot, since };
+        let request = NodeCall { node: i, op, command, slot: slots.get(i), since };
         request.send(&self.core, move |reply| {
             if op == Op::Acquire {
                 proto.note_holder(i, reply);
@@ -227,7 +219,7 @@ impl<P: Protocol> Claim<P> {
     /// moment ago), in the background on the nodes whose answer is unknown, not at all
     /// where the node answered about someone else's lock (ours is not there).
     async fn clean_up(mut self, round: &Round) {
-        let command = Arc::new(self.proto.command(Op::CleanUp, self.ttl, self.tombstone_life()));
+        let command = Arc::new(self.proto.command(Op::CleanUp, &self.undo_args()));
         let slots = Slots::new(round.outcomes.len());
         let mut requests = Vec::with_capacity(round.outcomes.len());
         let mut outcomes = round::Outcomes::with_capacity(round.outcomes.len());
@@ -237,7 +229,7 @@ impl<P: Protocol> Claim<P> {
                     outcomes.push(NodeOutcome::Absent)
                 }
                 _ => {
-                    requests.push(self.request(&slots, i, Op::CleanUp, &command, After::new()));
+                    requests.push(self.request(&slots, i, Op::CleanUp, &command));
                     outcomes.push(NodeOutcome::Pending);
                 }
             }
@@ -247,11 +239,12 @@ impl<P: Protocol> Claim<P> {
             .map(|(i, _)| i)
             .collect();
         // Registered before anything is awaited: a new attempt of this client on the key
-        // that starts while this round runs waits for them.
-        let tracked = self
-            .core
-            .undos
-            .track(self.proto.keys(), Sent::Some(self.tails.iter().cloned().collect()));
+        // that starts while this round runs passes the token as abandoned.
+        let sent = (outcomes.iter().enumerate())
+            .map(|(i, outcome)| (*outcome == NodeOutcome::Pending).then(|| slots.get(i)))
+            .collect();
+        let tracked =
+            self.core.undos.track(self.proto.keys(), Some(&self.token()), Sent::Some(sent));
         let answered = |_: &quorum::Tally, outcomes: &[NodeOutcome]| {
             let done = granted.iter().all(|&i| outcomes[i] != NodeOutcome::Pending);
             done.then_some(Settled::Reached)
@@ -282,7 +275,7 @@ impl<P: Protocol> Claim<P> {
         }
         let started_at = clock::now();
         self.expires_by = self.expires_by.max(started_at + ttl.duration());
-        let command = Arc::new(self.proto.command(Op::Extend, ttl, Keep::NONE));
+        let command = Arc::new(self.proto.command(Op::Extend, &Args::lease(ttl)));
         let requests = self.everywhere(Op::Extend, &command);
         let (round, rest) =
             round::run(requests, started_at, quorum::settle_hold, &self.core.nodes).await;
@@ -370,7 +363,7 @@ impl<P: Protocol> Claim<P> {
 
     async fn release_round(mut self) -> Result<()> {
         let was_valid = self.is_valid();
-        let command = Arc::new(self.proto.command(Op::Release, self.ttl, self.tombstone_life()));
+        let command = Arc::new(self.proto.command(Op::Release, &self.undo_args()));
         let (round, rest, tracked) = self.undo_round(Op::Release, &command).await;
         self.finish_undos(rest, &round, tracked, (Op::Release, &command), "release");
         // Only now: if this future is dropped mid-round, Drop releases again (every
@@ -396,7 +389,7 @@ impl<P: Protocol> Claim<P> {
         if self.lost {
             return Ok(false);
         }
-        let command = Arc::new(self.proto.command(Op::Check, self.ttl, Keep::NONE));
+        let command = Arc::new(self.proto.command(Op::Check, &Args::lease(self.ttl)));
         let n = self.core.nodes.len();
         let slots = Slots::new(n);
         let requests = round::Rest::new(
@@ -483,24 +476,25 @@ impl<P: Protocol> Claim<P> {
         (self.granted && self.proto.is_exclusive()).then_some(&**key)
     }
 
-    /// `op` on every node, each request queued behind this claim's latest there.
+    /// `op` on every node.
     fn everywhere(
-        &mut self,
+        &self,
         op: Op,
         command: &Arc<Command>,
     ) -> round::Rest<impl Future<Output = (usize, NodeOutcome)> + Send + 'static + use<P>> {
         let n = self.core.nodes.len();
         let slots = Slots::new(n);
-        round::Rest::new(&slots, (0..n).map(|i| self.request(&slots, i, op, command, After::new())))
+        round::Rest::new(&slots, (0..n).map(|i| self.request(&slots, i, op, command)))
     }
 
     /// Registers `undos`, a round on every node, so that this client's next acquisition of
-    /// the keys there waits for them.
+    /// the keys passes the token as abandoned while they are in flight.
     fn track<F>(&self, undos: &round::Rest<F>) -> Tracked
     where
         F: Future<Output = (usize, NodeOutcome)>,
     {
-        self.core.undos.track(self.proto.keys(), Sent::Everywhere(undos.slots().clone()))
+        let sent = Sent::Everywhere(undos.slots().clone());
+        self.core.undos.track(self.proto.keys(), Some(&self.token()), sent)
     }
 
     /// Leaves the undos of `round` still in flight to the background; see
@@ -544,13 +538,18 @@ impl<P: Protocol> Claim<P> {
     fn remake(&self, op: Op, command: &Arc<Command>) -> impl background::Remake + use<P> {
         let proto = self.proto.clone();
         let read = move |reply: &_| proto.answer(op, reply);
-        background::remake(&self.core, self.proto.keys(), (op, command), read)
+        background::remake(
+            &self.core,
+            (self.proto.keys(), Some(&self.token())),
+            (op, command),
+            read,
+        )
     }
 
     /// The release of a claim dropped while armed: on the client's own thread, so that it
     /// neither blocks nor depends on the runtime (if any) that dropped it.
     fn release_detached(&mut self) {
-        let command = Arc::new(self.proto.command(Op::Release, self.ttl, self.tombstone_life()));
+        let command = Arc::new(self.proto.command(Op::Release, &self.undo_args()));
         let requests = self.everywhere(Op::Release, &command);
         let tracked = self.track(&requests);
         self.note_releasing();
@@ -573,11 +572,17 @@ impl<P: Protocol> Claim<P> {
             + self.ttl.drift()
     }
 
-    /// How long an undo's tombstone must live from now: until [`Claim::horizon`], so that
+    /// An undo's arguments: its tombstone lives from now until [`Claim::horizon`], so that
     /// no create of the token that is still on its way can set anything after it, and a
     /// re-sent release can tell a hold it removed from one that was gone.
-    fn tombstone_life(&self) -> Keep {
-        Keep::new(self.horizon().saturating_duration_since(clock::now()))
+    fn undo_args(&self) -> Args<'static> {
+        let keep = Keep::new(self.horizon().saturating_duration_since(clock::now()));
+        Args { ttl: self.ttl, keep, abandoned: &[] }
+    }
+
+    /// The hold's token, as the client's undos register it.
+    fn token(&self) -> Arc<str> {
+        self.proto.token().into()
     }
 
     pub(crate) fn proto(&self) -> &P {

@@ -254,24 +254,20 @@ impl Drop for GiveUp<'_> {
         let Some(command) = self.withdrawal.take() else { return };
         let command = Arc::new(command);
         let core = self.core;
-        // After this client's undos there: a failed attempt's clean-up waits for its
-        // acquisition, which may record the very intent this withdraws.
-        let pending = core.undos.pending(&self.keys);
+        // Sent at once: an attempt of the wait that reaches a node after it and records the
+        // intent again is past its deadline there (refused), or the intent lives its short
+        // lifetime.
         let n = core.nodes.len();
         let slots = slot::Slots::new(n);
-        let tracked = core.undos.track(&self.keys, undo::Sent::Everywhere(slots.clone()));
+        let tracked = core.undos.track(&self.keys, None, undo::Sent::Everywhere(slots.clone()));
         let requests = round::Rest::new(
             &slots,
             (0..n).map(|i| {
-                let after = pending.on(i);
-                let slot = slots.get(i);
                 let request = call::NodeCall {
                     node: i,
                     op: Op::Release,
                     command: command.clone(),
-                    previous: None,
-                    after,
-                    slot,
+                    slot: slots.get(i),
                     since: self.generations[i],
                 };
                 request.send(core, protocol::script_answer)
@@ -279,8 +275,12 @@ impl Drop for GiveUp<'_> {
         );
         // Rare (a writer giving up): on the client's own thread from the start. An intent
         // lives for a lease at most.
-        let remake =
-            background::remake(core, &self.keys, (Op::Release, &command), protocol::script_answer);
+        let remake = background::remake(
+            core,
+            (&self.keys, None),
+            (Op::Release, &command),
+            protocol::script_answer,
+        );
         let undos = background::Undos {
             core: core.clone(),
             remake,

@@ -55,6 +55,31 @@ impl From<NodeOutcome> for Answer {
     }
 }
 
+/// What a round's command carries besides the hold's own names.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Args<'a> {
+    /// The lease, for `Acquire` and `Extend`.
+    pub(crate) ttl: Ttl,
+    /// How long the tombstone of a `Release` or `CleanUp` must live: until nothing the
+    /// token's creates may still do on a node can exist (see [`crate::tombstone`]).
+    pub(crate) keep: Keep,
+    /// For `Acquire`: this client's abandoned tokens on the keys, whose undos may not have
+    /// reached every node yet; a hold of one of them counts as free.
+    pub(crate) abandoned: &'a [Arc<str>],
+}
+
+impl<'a> Args<'a> {
+    /// For an operation that needs only the lease.
+    pub(crate) fn lease(ttl: Ttl) -> Self {
+        Self { ttl, keep: Keep::NONE, abandoned: &[] }
+    }
+
+    /// The abandoned tokens as script arguments.
+    pub(crate) fn abandoned(&self) -> impl Iterator<Item = &'a [u8]> + 'a {
+        self.abandoned.iter().map(|token| token.as_bytes())
+    }
+}
+
 /// How long an undo's tombstone must live, in milliseconds, as its scripts take it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Keep(u64);
@@ -129,11 +154,9 @@ pub(crate) trait Protocol: Send + Sync + 'static {
         self.identity().token.as_str()
     }
 
-    /// The command for `op`, built once per round; `ttl` is the lease for `Acquire` and
-    /// `Extend`, `keep` how long the tombstone of a `Release` or `CleanUp` must live (until
-    /// nothing the token's creates may still do on a node can exist: see
-    /// [`crate::tombstone`]). Creates and renewals are [`Command::bounded`].
-    fn command(&self, op: Op, ttl: Ttl, keep: Keep) -> Command;
+    /// The command for `op`, built once per round (see [`Args`]). Creates and renewals are
+    /// [`Command::bounded`].
+    fn command(&self, op: Op, args: &Args<'_>) -> Command;
 
     /// What `reply` to `op` means.
     fn answer(&self, op: Op, reply: &Reply) -> Answer;
@@ -195,7 +218,7 @@ pub(crate) mod testing {
     use super::*;
 
     pub(crate) fn reply(value: Value) -> Reply {
-        Reply { value: Ok(value), resent: false, written: true }
+        Reply { value: Ok(value) }
     }
 
     pub(crate) fn error(code: &str) -> Reply {
@@ -203,6 +226,6 @@ pub(crate) mod testing {
             code: code.into(),
             message: format!("{code} test").into(),
         };
-        Reply { value: Err(failure), resent: false, written: true }
+        Reply { value: Err(failure) }
     }
 }

@@ -1,10 +1,10 @@
 //! Undos still in flight: the releases and clean-ups this client sent that have not been
-//! answered yet, per node and key.
+//! answered yet, per node and key, with the tokens they undo.
 //!
-//! A new acquisition of a key on a node waits for them there, so that this client's own
-//! abandoned attempt (its clean-up queued behind a `SET` still in flight) never refuses it;
-//! a waiting writer's withdrawal waits for them, so that it never overtakes the attempt
-//! whose intent it withdraws.
+//! A new acquisition of a key passes those tokens to the nodes as abandoned (a hold of one
+//! of them counts as free there), so that this client's own abandoned attempt never refuses
+//! it while its clean-up is on its way, and nothing waits for anything. A shutdown names
+//! the nodes whose undos are still in flight.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -24,6 +24,8 @@ type Entries = HashMap<Arc<str>, SmallVec<[Registration; 1]>>;
 struct Registration {
     /// Which registration it is, for its removal.
     id: u64,
+    /// The token of the hold they undo, if they undo one (a writer's withdrawal does not).
+    token: Option<Arc<str>>,
     sent: Sent,
 }
 
@@ -72,50 +74,60 @@ impl Undos {
         })
     }
 
-    /// Registers a round of undos for `keys` (per node, the undo sent there), until the
-    /// returned guard drops.
-    pub(crate) fn track(self: &Arc<Self>, keys: &Keys, sent: Sent) -> Tracked {
+    /// Registers a round of undos for `keys` (per node, the undo sent there) of the hold
+    /// `token` names (if any), until the returned guard drops.
+    pub(crate) fn track(
+        self: &Arc<Self>,
+        keys: &Keys,
+        token: Option<&Arc<str>>,
+        sent: Sent,
+    ) -> Tracked {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let token = token.cloned();
         let mut entries = self.lock();
         if let Some((last, others)) = keys.split_last() {
             for key in others {
-                let sent = sent.clone();
-                entries.entry(key.clone()).or_default().push(Registration { id, sent });
+                let registration = Registration { id, token: token.clone(), sent: sent.clone() };
+                entries.entry(key.clone()).or_default().push(registration);
             }
-            entries.entry(last.clone()).or_default().push(Registration { id, sent });
+            entries.entry(last.clone()).or_default().push(Registration { id, token, sent });
         }
         self.registered.fetch_add(1, Ordering::AcqRel);
         Tracked { undos: self.clone(), id, keys: keys.clone() }
     }
 
     /// Registers one undo on `node` for `keys`, until the returned guard drops.
-    pub(crate) fn track_one(self: &Arc<Self>, node: usize, keys: &Keys, slot: &Slot) -> Tracked {
-        self.track(keys, Sent::One(node, slot.clone()))
+    pub(crate) fn track_one(
+        self: &Arc<Self>,
+        node: usize,
+        keys: &Keys,
+        token: Option<&Arc<str>>,
+        slot: &Slot,
+    ) -> Tracked {
+        self.track(keys, token, Sent::One(node, slot.clone()))
     }
 
-    /// The undos still in flight for any of `keys`, with their nodes; empty in the common
-    /// case, which neither locks nor allocates.
-    pub(crate) fn pending(&self, keys: &[Arc<str>]) -> Pending {
+    /// The tokens this client's undos still in flight on any of `keys` undo: holds it gave
+    /// up whose undos may not have reached every node yet (at most [`MAX_ABANDONED`], the
+    /// newest; an older one left out can only refuse an acquisition on a node where its
+    /// undo is still late). Empty in the common case, which neither locks nor allocates.
+    pub(crate) fn abandoned(&self, keys: &[Arc<str>]) -> Vec<Arc<str>> {
         if self.registered.load(Ordering::Acquire) == 0 {
-            return Pending::default();
+            return Vec::new();
         }
         let entries = self.lock();
-        let registrations = || keys.iter().filter_map(|key| entries.get(key)).flatten();
-        // Counted first: a backlog (the client's own thread lagging) takes one allocation of
-        // the right size, not a list grown per undo.
-        let mut count = 0;
-        for registration in registrations() {
-            registration.sent.for_each(|_, slot| count += usize::from(!slot.is_settled()));
+        let mut tokens: Vec<(u64, Arc<str>)> = Vec::new();
+        for registration in keys.iter().filter_map(|key| entries.get(key)).flatten() {
+            let Some(token) = &registration.token else { continue };
+            let mut in_flight = false;
+            registration.sent.for_each(|_, slot| in_flight |= !slot.is_settled());
+            if in_flight && !tokens.iter().any(|(_, known)| known == token) {
+                tokens.push((registration.id, token.clone()));
+            }
         }
-        let mut pending = SmallVec::with_capacity(count);
-        for registration in registrations() {
-            registration.sent.for_each(|i, slot| {
-                if !slot.is_settled() {
-                    pending.push((i, slot.clone()));
-                }
-            });
-        }
-        Pending(pending)
+        tokens.sort_unstable_by_key(|(id, _)| std::cmp::Reverse(*id));
+        tokens.truncate(MAX_ABANDONED);
+        tokens.into_iter().map(|(_, token)| token).collect()
     }
 
     /// Counts an undo left to the background that failed on `node`.
@@ -149,23 +161,8 @@ impl Undos {
     }
 }
 
-/// Undos in flight that new requests must wait for, each with its node: inline for a
-/// few (most often one per node, the previous release still finishing).
-#[derive(Debug, Default)]
-pub(crate) struct Pending(SmallVec<[(usize, Slot); 7]>);
-
-/// What one request waits for on its node before it goes out.
-pub(crate) type After = SmallVec<[Slot; 2]>;
-
-impl Pending {
-    /// Those on `node`.
-    pub(crate) fn on(&self, node: usize) -> After {
-        let on = || self.0.iter().filter(move |(i, _)| *i == node).map(|(_, slot)| slot.clone());
-        let mut after = After::with_capacity(on().count());
-        after.extend(on());
-        after
-    }
-}
+/// The most abandoned tokens an acquisition carries.
+const MAX_ABANDONED: usize = 16;
 
 /// A registration, removed when dropped (with the undos' driving task).
 #[derive(Debug)]
@@ -202,64 +199,52 @@ mod tests {
         names.iter().map(|k| Arc::<str>::from(*k)).collect()
     }
 
-    fn nodes(pending: &Pending) -> Vec<usize> {
-        let mut nodes: Vec<usize> = pending.0.iter().map(|(i, _)| *i).collect();
-        nodes.sort();
-        nodes
+    fn token(name: &str) -> Arc<str> {
+        name.into()
     }
 
     /// Registrations of one key by a multi lock (two keys), a lone undo and a registration
     /// naming the key twice: each is removed by its own id, under every key it named, and
-    /// a key with none left is gone.
+    /// a key with none left is gone; the abandoned tokens are those still in flight, the
+    /// newest first, each once.
     #[test]
     fn registrations_are_removed_by_their_own_id_only() {
         let undos = Undos::new(3);
-        let multi = undos.track(&keys(&["a", "b"]), Sent::Everywhere(Slots::new(3)));
+        let multi =
+            undos.track(&keys(&["a", "b"]), Some(&token("m")), Sent::Everywhere(Slots::new(3)));
         let lone = Slot::new();
-        let one = undos.track_one(2, &keys(&["b"]), &lone);
+        let one = undos.track_one(2, &keys(&["b"]), Some(&token("one")), &lone);
         let tails: Box<[Option<Slot>]> = vec![None, Some(Slot::new()), None].into();
-        let repeated = undos.track(&keys(&["c", "b", "c"]), Sent::Some(tails));
-        assert_eq!(nodes(&undos.pending(&keys(&["a"]))), vec![0, 1, 2]);
-        assert_eq!(nodes(&undos.pending(&keys(&["b"]))), vec![0, 1, 1, 2, 2]);
-        assert_eq!(nodes(&undos.pending(&keys(&["c"]))), vec![1, 1]);
-        assert_eq!(undos.pending(&keys(&["b"])).on(2).len(), 2);
+        let repeated = undos.track(&keys(&["c", "b", "c"]), Some(&token("r")), Sent::Some(tails));
+        let withdrawal = undos.track(&keys(&["b"]), None, Sent::Everywhere(Slots::new(3)));
+        assert_eq!(undos.abandoned(&keys(&["a"])), [token("m")]);
+        assert_eq!(undos.abandoned(&keys(&["b"])), [token("r"), token("one"), token("m")]);
+        assert_eq!(undos.abandoned(&keys(&["c"])), [token("r")]);
+        assert_eq!(undos.in_flight(), [true, true, true]);
 
         drop(multi);
-        assert!(undos.pending(&keys(&["a"])).0.is_empty());
+        assert!(undos.abandoned(&keys(&["a"])).is_empty());
         assert!(!undos.lock().contains_key("a"));
-        assert_eq!(nodes(&undos.pending(&keys(&["b"]))), vec![1, 2]);
         drop(repeated);
         assert!(!undos.lock().contains_key("c"));
-        assert_eq!(nodes(&undos.pending(&keys(&["b"]))), vec![2]);
-        let again = undos.track(&keys(&["b"]), Sent::Everywhere(Slots::new(3)));
+        assert_eq!(undos.abandoned(&keys(&["b"])), [token("one")]);
         drop(one);
-        assert_eq!(nodes(&undos.pending(&keys(&["b"]))), vec![0, 1, 2]);
-        drop(again);
+        drop(withdrawal);
         assert!(undos.lock().is_empty());
         assert_eq!(undos.registered.load(Ordering::Acquire), 0);
-
-        // A slot shared under two keys settles under both.
-        let slots = Slots::new(3);
-        let both = undos.track(&keys(&["x", "y"]), Sent::Everywhere(slots.clone()));
-        drop(SettleOnDrop::new(slots.get(1), None));
-        assert_eq!(nodes(&undos.pending(&keys(&["y"]))), vec![0, 2]);
-        assert_eq!(nodes(&undos.pending(&keys(&["x"]))), vec![0, 2]);
-        drop(both);
     }
 
     #[test]
-    fn undos_are_found_by_node_and_key_until_they_are_dropped() {
+    fn a_settled_undo_abandons_nothing_and_is_not_in_flight() {
         let undos = Undos::new(2);
         let keys: Keys = ["a".into(), "b".into()].into_iter().collect();
         let slot = Slot::new();
-        let tracked = undos.track_one(0, &keys, &slot);
-        let pending = undos.pending(&["b".into()]);
-        assert_eq!(pending.on(0).len(), 1);
-        assert_eq!(pending.on(1).len(), 0);
-        assert!(undos.pending(&["c".into()]).0.is_empty());
+        let tracked = undos.track_one(0, &keys, Some(&token("t")), &slot);
+        assert_eq!(undos.abandoned(&["b".into()]), [token("t")]);
+        assert!(undos.abandoned(&["c".into()]).is_empty());
         assert_eq!(undos.in_flight(), [true, false]);
-        drop(SettleOnDrop::new(slot, None));
-        assert!(undos.pending(&keys).0.is_empty(), "settled undos are not waited for");
+        drop(SettleOnDrop::new(slot));
+        assert!(undos.abandoned(&keys).is_empty(), "an answered undo abandons nothing");
         assert_eq!(undos.in_flight(), [false, false]);
         drop(tracked);
         assert_eq!(undos.registered.load(Ordering::Acquire), 0);

@@ -19,8 +19,8 @@ use std::sync::Arc;
 use redis::Value;
 
 use crate::command::{self, Arg, Command, Resend};
-use crate::config::{Config, Ttl};
-use crate::engine::protocol::{Identity, Keep, failed, script_answer};
+use crate::config::Config;
+use crate::engine::protocol::{Args, Identity, failed, script_answer};
 use crate::engine::{Answer, Op, Protocol};
 use crate::error::{Error, NodeOutcome, Result};
 use crate::guard::guard;
@@ -85,9 +85,9 @@ impl Protocol for Multi {
         &self.id
     }
 
-    fn command(&self, op: Op, ttl: Ttl, keep: Keep) -> Command {
+    fn command(&self, op: Op, args: &Args<'_>) -> Command {
         let token = self.id.token.as_bytes();
-        let (ms, keep) = (ttl.ms().to_string(), keep.arg());
+        let (ms, keep) = (args.ttl.ms().to_string(), args.keep.arg());
         let (token, ms) = (Arg::Bytes(token), Arg::Bytes(ms.as_bytes()));
         // Every script but the check takes the tombstone after the lock keys.
         let marked: Vec<&str> = (self.set.keys.iter().map(|key| &**key))
@@ -100,15 +100,19 @@ impl Protocol for Multi {
                 } else {
                     &command::MULTI_EXTEND
                 };
-                Command::script(script, &marked, &[token, ms], Resend::Safe).bounded()
+                let mut argv: Vec<Arg<'_>> = vec![token, ms];
+                if op == Op::Acquire {
+                    argv.extend(args.abandoned().map(Arg::Bytes));
+                }
+                Command::script(script, &marked, &argv, Resend::Safe).bounded()
             }
             Op::Release | Op::CleanUp => {
                 let channels = self.set.keys.iter().map(|key| Arg::ReleaseChannel(key));
-                let args: Vec<Arg<'_>> = std::iter::once(token)
+                let argv: Vec<Arg<'_>> = std::iter::once(token)
                     .chain(channels)
                     .chain(std::iter::once(Arg::Bytes(keep.as_bytes())))
                     .collect();
-                Command::script(&command::MULTI_RELEASE, &marked, &args, Resend::Safe)
+                Command::script(&command::MULTI_RELEASE, &marked, &argv, Resend::Safe)
             }
             Op::Check => {
                 Command::script(&command::MULTI_CHECK, &self.set.keys, &[token], Resend::Safe)

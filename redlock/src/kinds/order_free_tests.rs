@@ -10,7 +10,7 @@ use redis::Value;
 
 use crate::command::{self, Command};
 use crate::config::{Ttl, config};
-use crate::engine::protocol::{Keep, Op, Protocol};
+use crate::engine::protocol::{Args, Keep, Op, Protocol};
 use crate::retry::Retry;
 
 use super::multi::{Multi, Set};
@@ -134,7 +134,7 @@ fn once_undone_on_a_node_a_token_has_nothing_there_whatever_the_order() {
                     Step::Release => (Op::Release, 0),
                     Step::CleanUp => (Op::CleanUp, 0),
                 };
-                let command = proto.command(op, ttl, keep);
+                let command = proto.command(op, &Args { ttl, keep, abandoned: &[] });
                 let reply = run(con, &command, deadline);
                 if let Value::SimpleString(err) = &reply {
                     prop_assert!(err.contains("LATE") || err.contains("UNDONE"), "{op:?}: {err}");
@@ -165,11 +165,12 @@ fn a_resent_release_answers_what_the_first_send_did() {
     for (proto, _) in kinds() {
         let _: () = redis::cmd("FLUSHALL").query(&mut con).unwrap();
         let far = node_ms(&mut con) + 5_000;
-        let acquire = proto.command(Op::Acquire, ttl, keep);
+        let args = Args { ttl, keep, abandoned: &[] };
+        let acquire = proto.command(Op::Acquire, &args);
         let granted = run(&mut con, &acquire, far);
         let reply = |value| crate::engine::protocol::testing::reply(value);
         assert_eq!(proto.answer(Op::Acquire, &reply(granted)).outcome, crate::NodeOutcome::Ok);
-        let release = proto.command(Op::Release, ttl, keep);
+        let release = proto.command(Op::Release, &args);
         for send in 0..3 {
             let answer = proto.answer(Op::Release, &reply(run(&mut con, &release, 0)));
             assert_eq!(answer.outcome, crate::NodeOutcome::Ok, "{} send {send}", proto.kind());
@@ -180,5 +181,54 @@ fn a_resent_release_answers_what_the_first_send_did() {
             let answer = proto.answer(Op::Release, &reply(run(&mut con, &release, 0)));
             assert_eq!(answer.outcome, crate::NodeOutcome::Absent, "{} send {send}", proto.kind());
         }
+    }
+}
+
+#[test]
+fn a_hold_of_an_abandoned_token_counts_as_free_and_no_other() {
+    let node = redlock_testkit::RedisNode::start().unwrap();
+    let mut con = node.connection().unwrap();
+    for script in command::all_scripts() {
+        let _: String = script.load().query(&mut con).unwrap();
+    }
+    let ttl = Ttl::new(Duration::from_secs(10), 0.01).unwrap();
+    let config = config("");
+    let permits = Permits::new(&config, "k", 2).unwrap();
+    let writer = || Box::new(Share::new("k".into(), Mode::Write, None, None)) as Box<dyn Protocol>;
+    // Pairs of holds of one client that exclude each other on the node.
+    let pairs: Vec<(Box<dyn Protocol>, Box<dyn Protocol>)> = vec![
+        (Box::new(Plain::new("k".into(), None)), Box::new(Plain::new("k".into(), None))),
+        (
+            Box::new(Reentrant::new("k".into(), "a".into(), None)),
+            Box::new(Reentrant::new("k".into(), "b".into(), None)),
+        ),
+        (writer(), writer()),
+        (Box::new(Share::new("k".into(), Mode::Read, None, None)), writer()),
+        (
+            Box::new(Multi::new(Set::new(&config, &["{k}1", "{k}2"]).unwrap(), None)),
+            Box::new(Multi::new(Set::new(&config, &["{k}2"]).unwrap(), None)),
+        ),
+        (Box::new(permits.hold(1, None)), Box::new(permits.hold(1, None))),
+    ];
+    let reply = |value| crate::engine::protocol::testing::reply(value);
+    for (first, next) in pairs {
+        let _: () = redis::cmd("FLUSHALL").query(&mut con).unwrap();
+        let far = node_ms(&mut con) + 5_000;
+        let lease = Args::lease(ttl);
+        let granted = run(&mut con, &first.command(Op::Acquire, &lease), far);
+        assert_eq!(first.answer(Op::Acquire, &reply(granted)).outcome, crate::NodeOutcome::Ok);
+        let refused = run(&mut con, &next.command(Op::Acquire, &lease), far);
+        let outcome = next.answer(Op::Acquire, &reply(refused)).outcome;
+        assert_ne!(outcome, crate::NodeOutcome::Ok, "{} then {}", first.kind(), next.kind());
+        // Another token named as abandoned frees nothing.
+        let other: [std::sync::Arc<str>; 1] = ["0".repeat(40).into()];
+        let args = Args { ttl, keep: Keep::NONE, abandoned: &other };
+        let refused = run(&mut con, &next.command(Op::Acquire, &args), far);
+        assert_ne!(next.answer(Op::Acquire, &reply(refused)).outcome, crate::NodeOutcome::Ok);
+        let abandoned: [std::sync::Arc<str>; 1] = [first.token().into()];
+        let args = Args { ttl, keep: Keep::NONE, abandoned: &abandoned };
+        let taken = run(&mut con, &next.command(Op::Acquire, &args), far);
+        let outcome = next.answer(Op::Acquire, &reply(taken)).outcome;
+        assert_eq!(outcome, crate::NodeOutcome::Ok, "{} then {}", first.kind(), next.kind());
     }
 }

@@ -15,8 +15,7 @@ use std::sync::Arc;
 use redis::Value;
 
 use crate::command::{self, Arg, Command, Resend};
-use crate::config::Ttl;
-use crate::engine::protocol::{Identity, Keep, failed, script_answer};
+use crate::engine::protocol::{Args, Identity, failed, script_answer};
 use crate::engine::{Answer, Op, Protocol};
 use crate::error::NodeOutcome;
 use crate::guard::guard;
@@ -77,18 +76,23 @@ impl Protocol for Plain {
         &self.id
     }
 
-    fn command(&self, op: Op, ttl: Ttl, keep: Keep) -> Command {
+    fn command(&self, op: Op, args: &Args<'_>) -> Command {
         let (key, token) = (self.key(), self.id.token.as_bytes());
         let keys = [key, &self.id.tombstone];
         match op {
             Op::Acquire | Op::Extend => {
-                let ms = ttl.ms().to_string();
+                let ms = args.ttl.ms().to_string();
                 let script =
                     if op == Op::Acquire { &command::PLAIN_ACQUIRE } else { &command::EXTEND };
-                Command::script(script, &keys, &[token, ms.as_bytes()], Resend::Safe).bounded()
+                let mut argv: smallvec::SmallVec<[&[u8]; 4]> =
+                    smallvec::smallvec![token, ms.as_bytes()];
+                if op == Op::Acquire {
+                    argv.extend(args.abandoned());
+                }
+                Command::script(script, &keys, &argv, Resend::Safe).bounded()
             }
             Op::Release | Op::CleanUp => {
-                let keep = keep.arg();
+                let keep = args.keep.arg();
                 let args =
                     [Arg::Bytes(token), Arg::ReleaseChannel(key), Arg::Bytes(keep.as_bytes())];
                 Command::script(&command::RELEASE, &keys, &args, Resend::Safe)
@@ -171,9 +175,9 @@ mod tests {
     #[test]
     fn every_command_is_safe_to_send_twice() {
         let p = plain();
-        let ttl = Ttl::new(std::time::Duration::from_secs(1), 0.01).unwrap();
+        let ttl = crate::config::Ttl::new(std::time::Duration::from_secs(1), 0.01).unwrap();
         for op in [Op::Acquire, Op::Extend, Op::Release, Op::CleanUp, Op::Check] {
-            assert_eq!(p.command(op, ttl, Keep::NONE).resend(), Resend::Safe, "{op:?}");
+            assert_eq!(p.command(op, &Args::lease(ttl)).resend(), Resend::Safe, "{op:?}");
         }
     }
 }

@@ -8,8 +8,7 @@ use std::sync::Arc;
 use redis::Value;
 
 use crate::command::{self, Arg, Command, Resend};
-use crate::config::Ttl;
-use crate::engine::protocol::{Identity, Keep, failed, script_answer};
+use crate::engine::protocol::{Args, Identity, failed, script_answer};
 use crate::engine::{Answer, Op, Protocol};
 use crate::error::{Error, NodeOutcome, Result};
 use crate::guard::guard;
@@ -53,10 +52,10 @@ impl Protocol for Reentrant {
         &self.id
     }
 
-    fn command(&self, op: Op, ttl: Ttl, keep: Keep) -> Command {
+    fn command(&self, op: Op, args: &Args<'_>) -> Command {
         let keys = [&*self.id.keys[0], &*self.id.tombstone];
         let field = self.field.as_bytes();
-        let (ms, keep) = (ttl.ms().to_string(), keep.arg());
+        let (ms, keep) = (args.ttl.ms().to_string(), args.keep.arg());
         let (field, ms) = (Arg::Bytes(field), Arg::Bytes(ms.as_bytes()));
         match op {
             Op::Acquire | Op::Extend => {
@@ -65,12 +64,16 @@ impl Protocol for Reentrant {
                 } else {
                     &command::REENTRANT_EXTEND
                 };
-                Command::script(script, &keys, &[field, ms], Resend::Safe).bounded()
+                let mut argv: Vec<Arg<'_>> = vec![field, ms];
+                if op == Op::Acquire {
+                    argv.extend(args.abandoned().map(Arg::Bytes));
+                }
+                Command::script(script, &keys, &argv, Resend::Safe).bounded()
             }
             Op::Release | Op::CleanUp => {
                 let channel = Arg::ReleaseChannel(keys[0]);
-                let args = [field, channel, Arg::Bytes(b""), Arg::Bytes(keep.as_bytes())];
-                Command::script(&command::REENTRANT_RELEASE, &keys, &args, Resend::Safe)
+                let argv = [field, channel, Arg::Bytes(b""), Arg::Bytes(keep.as_bytes())];
+                Command::script(&command::REENTRANT_RELEASE, &keys, &argv, Resend::Safe)
             }
             Op::Check => {
                 Command::script(&command::REENTRANT_CHECK, &keys[..1], &[field], Resend::Safe)

@@ -8,8 +8,8 @@ use std::time::Duration;
 use redis::Value;
 
 use crate::command::{self, Arg, Command, Resend};
-use crate::config::{Config, Ttl};
-use crate::engine::protocol::{Identity, Keep, failed, script_answer};
+use crate::config::Config;
+use crate::engine::protocol::{Args, Identity, failed, script_answer};
 use crate::engine::{Answer, Op, Protocol};
 use crate::error::NodeOutcome;
 use crate::guard::guard;
@@ -113,17 +113,17 @@ impl Protocol for Share {
         &self.id
     }
 
-    fn command(&self, op: Op, ttl: Ttl, keep: Keep) -> Command {
+    fn command(&self, op: Op, args: &Args<'_>) -> Command {
         let keys = [&*self.id.keys[0], &*self.id.tombstone];
         let field = self.field.as_bytes();
-        let (ms, keep) = (ttl.ms().to_string(), keep.arg());
+        let (ms, keep) = (args.ttl.ms().to_string(), args.keep.arg());
         let keep = Arg::Bytes(keep.as_bytes());
         let intent_ms = self.intent.as_ref().map_or(0, |intent| intent.ms).to_string();
         let intent = self.intent.as_ref().map_or(&b""[..], |intent| intent.field.as_bytes());
         let (field, ms, intent) =
             (Arg::Bytes(field), Arg::Bytes(ms.as_bytes()), Arg::Bytes(intent));
         let channel = Arg::ReleaseChannel(keys[0]);
-        let (script, args): (_, Vec<Arg<'_>>) = match (op, self.mode) {
+        let (script, mut argv): (_, Vec<Arg<'_>>) = match (op, self.mode) {
             (Op::Acquire, Mode::Read) => (&command::RW_READ_ACQUIRE, vec![field, ms]),
             (Op::Acquire, Mode::Write) => (
                 &command::RW_WRITE_ACQUIRE,
@@ -139,7 +139,10 @@ impl Protocol for Share {
                 return Command::script(&command::RW_CHECK, &keys[..1], &[field], Resend::Safe);
             }
         };
-        let command = Command::script(script, &keys, &args, Resend::Safe);
+        if op == Op::Acquire {
+            argv.extend(args.abandoned().map(Arg::Bytes));
+        }
+        let command = Command::script(script, &keys, &argv, Resend::Safe);
         if op == Op::Acquire || op == Op::Extend { command.bounded() } else { command }
     }
 
@@ -200,7 +203,7 @@ mod tests {
     fn only_a_release_withdraws_the_writers_intent() {
         let config_retry = Retry::default();
         let config = Config {
-            ttl: Ttl::new(Duration::from_secs(10), 0.01).unwrap(),
+            ttl: crate::config::Ttl::new(Duration::from_secs(10), 0.01).unwrap(),
             node_timeout: Duration::from_millis(50),
             connect_timeout: Duration::from_secs(1),
             drift_factor: 0.01,
@@ -214,7 +217,7 @@ mod tests {
         let writer = Share::new("doc".into(), Mode::Write, Some(intent.clone()), None);
         let ttl = config.ttl;
         let has_intent = |op| {
-            format!("{:?}", writer.command(op, ttl, Keep::NONE).first()).contains(&*intent.field)
+            format!("{:?}", writer.command(op, &Args::lease(ttl)).first()).contains(&*intent.field)
         };
         assert!(has_intent(Op::Acquire));
         assert!(has_intent(Op::Release));

@@ -21,8 +21,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use redis::Value;
 
 use crate::command::{self, Arg, Command, Resend};
-use crate::config::{Config, Ttl};
-use crate::engine::protocol::{Identity, Keep, failed, script_answer};
+use crate::config::Config;
+use crate::engine::protocol::{Args, Identity, failed, script_answer};
 use crate::engine::{Answer, Op, Protocol};
 use crate::error::{Error, NodeOutcome, Result};
 use crate::guard::guard;
@@ -135,28 +135,32 @@ impl Protocol for PermitHold {
         &self.id
     }
 
-    fn command(&self, op: Op, ttl: Ttl, keep: Keep) -> Command {
+    fn command(&self, op: Op, args: &Args<'_>) -> Command {
         let token = self.id.token.as_bytes();
         let tombstone = &*self.id.tombstone;
         let keys = [&**self.slot_key(), &self.count_key, tombstone];
         match op {
             Op::Acquire | Op::Extend => {
-                let ms = ttl.ms().to_string();
+                let ms = args.ttl.ms().to_string();
                 let script = if op == Op::Acquire {
                     &command::PERMIT_ACQUIRE
                 } else {
                     &command::PERMIT_EXTEND
                 };
-                let args = [token, ms.as_bytes(), self.count.as_bytes()];
-                Command::script(script, &keys, &args, Resend::Safe).bounded()
+                let mut argv: smallvec::SmallVec<[&[u8]; 4]> =
+                    smallvec::smallvec![token, ms.as_bytes(), self.count.as_bytes()];
+                if op == Op::Acquire {
+                    argv.extend(args.abandoned());
+                }
+                Command::script(script, &keys, &argv, Resend::Safe).bounded()
             }
             // The plain lock's release, published on the count key's channel: a waiter for
             // any slot hears it.
             Op::Release | Op::CleanUp => {
-                let keep = keep.arg();
+                let keep = args.keep.arg();
                 let channel = Arg::ReleaseChannel(&self.count_key);
-                let args = [Arg::Bytes(token), channel, Arg::Bytes(keep.as_bytes())];
-                Command::script(&command::RELEASE, &[keys[0], tombstone], &args, Resend::Safe)
+                let argv = [Arg::Bytes(token), channel, Arg::Bytes(keep.as_bytes())];
+                Command::script(&command::RELEASE, &[keys[0], tombstone], &argv, Resend::Safe)
             }
             Op::Check => {
                 let mut cmd = redis::cmd("GET");
@@ -264,9 +268,9 @@ mod tests {
     #[test]
     fn every_command_is_safe_to_send_twice() {
         let hold = permits("", "jobs", 2).hold(0, None);
-        let ttl = Ttl::new(std::time::Duration::from_secs(1), 0.01).unwrap();
+        let ttl = crate::config::Ttl::new(std::time::Duration::from_secs(1), 0.01).unwrap();
         for op in [Op::Acquire, Op::Extend, Op::Release, Op::CleanUp, Op::Check] {
-            assert_eq!(hold.command(op, ttl, Keep::NONE).resend(), Resend::Safe, "{op:?}");
+            assert_eq!(hold.command(op, &Args::lease(ttl)).resend(), Resend::Safe, "{op:?}");
         }
     }
 }

@@ -23,6 +23,18 @@ do
     return redis.error_reply('UNDONE the hold was already released or cleaned up here')
   end
 end
+-- The client's own abandoned tokens on these keys (ARGV[from] to ARGV[#ARGV - 1], as a
+-- set): holds it gave up, whose undos may not have reached this node yet. A key or field
+-- one of them holds counts as free for the client's next acquisition, which so never waits
+-- for its own undos: the client let go of them, so taking their place is what their undo
+-- arriving first would have allowed.
+local function abandoned_from(from)
+  local set = {}
+  for i = from, #ARGV - 1 do
+    set[ARGV[i]] = true
+  end
+  return set
+end
 -- Renews `key` to `ms` from now, never shortening it: the client may count a failed
 -- extension as not having happened and keep its old validity, so a shorter lease landing
 -- anyway must not let another client in before that validity ends. (PEXPIRE ... GT does

@@ -1,14 +1,15 @@
 -- Multi acquire (after create_guard.lua): all keys or none, on this node.
 -- KEYS = the lock keys, then our tombstone; ARGV[1] = our token, ARGV[2] = the lease in
--- milliseconds, ARGV[3] = the deadline.
+-- milliseconds, then the client's abandoned tokens, then the deadline.
 -- Returns 1 when every key now holds our token, -1 when another owner holds any of them
 -- (then nothing is set). Every key is read before any is written, so a key of another type
 -- raises WRONGTYPE from GET before anything changed.
 local locks = #KEYS - 1
+local free = abandoned_from(3)
 for i = 1, locks do
   local current = redis.call('GET', KEYS[i])
   -- Our own token: an earlier send of this very attempt landed.
-  if current ~= false and current ~= ARGV[1] then
+  if current ~= false and current ~= ARGV[1] and not free[current] then
     return -1
   end
 end

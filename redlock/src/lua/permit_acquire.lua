@@ -2,7 +2,7 @@
 -- the count key next to it (same hash slot) records how many permits the resource has.
 -- KEYS[1] = the slot key, KEYS[2] = the count key, KEYS[3] = our tombstone; ARGV[1] = our
 -- token, ARGV[2] = the lease in milliseconds, ARGV[3] = the number of permits this client
--- asks with, ARGV[4] = the deadline.
+-- asks with, then the client's abandoned tokens, then the deadline.
 -- Returns nil when set, the holder's token (ours after a re-sent request) when the slot is
 -- held, and an integer, the count the node has recorded (0 if unreadable), when it differs
 -- from ours: nothing is changed then. Everything is read before anything is written, so a
@@ -14,7 +14,7 @@ if count and count ~= ARGV[3] then
   return tonumber(count) or 0
 end
 local current = redis.call('GET', KEYS[1])
-if current then
+if current and not abandoned_from(4)[current] then
   return current
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])

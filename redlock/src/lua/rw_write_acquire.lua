@@ -1,12 +1,14 @@
 -- Read-write lock, writer acquire (after create_guard.lua): the write grant, if no share and no other writer is live.
 -- KEYS[1] = the lock key, KEYS[2] = our tombstone; ARGV[1] = our field ('w:<token>'),
 -- ARGV[2] = the lease in milliseconds, ARGV[3] = our intent field ('i:<id>', or '' for
--- none), ARGV[4] = the intent's lifetime in milliseconds, ARGV[5] = the deadline.
+-- none), ARGV[4] = the intent's lifetime in milliseconds, then the client's abandoned
+-- tokens, then the deadline.
 -- Returns 1 when granted (our intent, fulfilled, is removed), -1 when held by readers or
 -- another writer: then our intent is recorded (or renewed), which blocks new readers.
 -- A key of another type raises WRONGTYPE: never touched.
 
 local intent = ARGV[3]
+forget(abandoned_from(5))
 if conflicting(ARGV[1]) then
   if intent ~= '' then
     hold(intent, ARGV[4])

@@ -144,38 +144,32 @@
 //! [`ErrorKind::Shutdown`], and a waiting `lock()` stops waiting and answers the same.
 //!
 //! # Limits worth knowing
-//! - A hung node's connection is kept, not replaced: commands on one connection run in
-//!   order, which is what lets a release follow a late `SET`. Until the node answers again
-//!   or TCP gives up on it, that node counts as timed out. The requests queued behind it
-//!   are bounded (the socket's buffers, then 4096 more in the client): past that, later
-//!   releases to it are dropped and their keys left to expire. (Reaching the bound takes
-//!   about a hundred thousand requests to one hung node; no test does.)
-//! - An undo (release, clean-up) lost to connection resets is sent again three times
-//!   within about 0.26 s; a node that resets for longer keeps the key for its lease, and so
-//!   does a persistent node killed before a release and restarted with its data.
-//! - A release re-sent after its connection broke cannot tell "removed by my first send"
-//!   from "gone before the release": finding the key absent it says `Ok`, finding another
-//!   owner's key it says `NotHeld`. Either can be wrong about a hold lost (or kept) just
-//!   before the release; neither touches another owner's key. And a release whose caller's
-//!   thread is preempted, between queueing it and waiting for its reply, while the
-//!   connection's driver writes it and sees the connection drop, is taken for never sent:
-//!   sent again as a first send, it finds the key absent and says `NotHeld` for a hold it
-//!   released (a false alarm on the safe side). A forced release reads the holds first and then
-//!   removes, on every node at once, only those found on enough nodes to keep a quorum
-//!   out (a holder granted meanwhile keeps its lock; a remnant on fewer nodes is left to
-//!   its lease); the removal is never sent twice: it goes out once per node, on a connection that has just
-//!   answered a `PING` (a `NOPERM` answer counts: an ACL user without `+ping` logs one
-//!   `ACL LOG` entry per call) or on a new one, and a refusal, however early, is reported,
-//!   not retried.
+//! - One token's requests may reach a node in any order, each any number of times (see
+//!   [`guide::order`]): every create carries a deadline in the node's clock, and every undo
+//!   leaves a tombstone that refuses the token's later creates. This rests on the node's
+//!   clock not stepping back between the client's readings of it (every ten seconds of
+//!   use, and on every new connection) by more than 1 ms a second; and on `TIME` being
+//!   allowed (an ACL user without `+time` gets creates with no deadline, and a warning).
+//! - A hung node's connection is kept until the node answers again or TCP gives up on it;
+//!   meanwhile that node counts as timed out. The requests queued behind it are bounded
+//!   (the socket's buffers, then 4096 more in the client): past that, later requests to it
+//!   fail at once. (Reaching the bound takes about a hundred thousand requests to one hung
+//!   node; no test does.)
+//! - An undo that cannot reach its node (a reset, a node down that may come back with its
+//!   data) is sent again, with pauses up to a second, until the hold's horizon (its lease,
+//!   the connect and node timeouts and the clock error after its last create); a node that
+//!   comes back later than that has let the key expire by itself. A shutdown does not wait
+//!   for these re-sends: it names their nodes.
+//! - A forced release reads the holds first and then removes, on every node at once, only
+//!   those found on enough nodes to keep a quorum out (a holder granted meanwhile keeps its
+//!   lock; a remnant on fewer nodes is left to its lease); the removal is never sent twice:
+//!   it goes out once per node, on a connection that has just answered a `PING` (a
+//!   `NOPERM` answer counts: an ACL user without `+ping` logs one `ACL LOG` entry per call)
+//!   or on a new one, and a refusal, however early, is reported, not retried.
 //! - A node whose request timed out counts as hung until it answers one again (a second at
 //!   most), and an attempt split by contention does not wait for it. A node that is slow
 //!   but in time, marked by one late request, can so cost an attempt that waiting would
-//!   have won; and where its round trip exceeds half the node timeout, that refusal's
-//!   clean-up there delays the next attempts' requests on the key past the node timeout
-//!   (an acquisition goes after this client's own clean-ups on the key), so a `lock()`
-//!   with few attempts may give up on a key that needed that node's yes
-//!   (`review_hung::a_slow_in_time_node_marked_once_fails_lock_with_the_default_policy`,
-//!   ignored). Node timeouts well above the round trip avoid it.
+//!   have won. Node timeouts well above the round trip avoid it.
 //! - One server reached under two names (`localhost` and `127.0.0.1`) is detected by its
 //!   `run_id` and the second name is refused its vote.
 

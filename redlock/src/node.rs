@@ -349,11 +349,13 @@ impl Node {
     }
 
     /// Whether a request made when the connection generation was `generation` may have
-    /// reached the node: a connection of that generation or a later one opened. When none
-    /// did (every connect since failed: a refused certificate, a wrong password, nothing
-    /// listening), nothing made since then left the client.
+    /// reached the node, or may still: a connection of that generation or a later one
+    /// opened, or one is opening (a request waiting for it goes out once it opens). When
+    /// none did and none is opening (every connect since failed: a refused certificate, a
+    /// wrong password, nothing listening), nothing made since then left the client.
     pub(crate) fn may_have_reached(&self, generation: u64) -> bool {
         self.opened.load(Ordering::Acquire) >= generation.max(1)
+            || matches!(self.lock_state().1, State::Connecting { .. })
     }
 
     /// The node's client, for connections of other kinds (pub/sub).

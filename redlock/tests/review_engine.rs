@@ -69,8 +69,8 @@ async fn control_a_release_on_the_same_runtime_waits_for_the_set_it_undoes() {
 
 /// Attack (connect timeouts are now `TimedOut`): a release to a node whose connection was
 /// reset and whose new connects hang (a blackhole: accepted, nothing answered) times out
-/// connecting, and is sent again with doubling pauses. It must stop once the keys it
-/// removes have expired (1 s lease): no retry loop beyond `until`, no spin.
+/// connecting, and is sent again with doubling pauses. It must stop once nothing it removes
+/// can exist (1 s lease): no retry loop beyond the hold's horizon, no spin.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_whose_connects_time_out_is_retried_only_until_the_lease_ends() {
     common::logs();
@@ -93,9 +93,10 @@ async fn a_release_whose_connects_time_out_is_retried_only_until_the_lease_ends(
     faulty.proxy(2).set_fault(NetFault::Reset);
     faulty.proxy(2).set_fault(NetFault::Blackhole);
     lock.release().await.unwrap();
-    // The lease ends 1 s after `started` (+ 12 ms drift): retries stop by then; the last
-    // one may still run for a connect timeout.
-    let until = started + Duration::from_millis(1012);
+    // The hold's horizon: the lease (1 s, + 12 ms drift), the connect timeout and twice
+    // the node timeout after `started`, and the clock reading's error (a few ms): retries
+    // stop by then; the last one may still run for a connect timeout.
+    let until = started + Duration::from_millis(1012 + 100 + 400 + 50);
     tokio::time::sleep_until((until + Duration::from_millis(400)).into()).await;
     let sent = common::requests_ended(&url, "release");
     tokio::time::sleep(Duration::from_millis(1500)).await;

@@ -1,14 +1,14 @@
 //! An undo lost with a connection that broke after it went out is sent again on a new one
-//! (a few times, after short pauses): a reset connection does not leave a released key, or
-//! a failed attempt's, for a whole lease. Only a timed-out undo is retried in the
-//! background; this is the call's own retry (`engine/call.rs`).
+//! (a few times at once, then from the background until its horizon): a reset connection
+//! does not leave a released key, or a failed attempt's, for a whole lease; and a create
+//! that reaches a node late, after its undo, sets nothing there.
 
 mod common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redlock_testkit::{FaultyCluster, NetFault};
+use redlock_testkit::{Fault, FaultyCluster, NetFault};
 
 const LEASE: Duration = Duration::from_secs(10);
 
@@ -128,5 +128,69 @@ async fn a_release_on_dead_nodes_answers_at_once_and_holds_up_no_shutdown() {
     assert!(
         took < Duration::from_secs(1),
         "undos still going on dead nodes: shutdown took {took:?}"
+    );
+}
+
+/// Node 2 resets every connection for three seconds while the lock is released: the
+/// release returns at the quorum, its re-sends go on from the background, and the key is
+/// gone from node 2 soon after it heals, long before its lease ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_through_a_reset_of_several_seconds_removes_the_key_once_it_heals() {
+    let faulty = FaultyCluster::start(3).unwrap();
+    let rl =
+        common::builder_for(faulty.urls(), Duration::from_millis(250)).ttl(LEASE).build().unwrap();
+    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    let lock = rl.try_lock("long-reset").await.unwrap();
+    let everywhere = || faulty.cluster().nodes_holding("long-reset", lock.token()).len() == 3;
+    assert!(common::eventually(Duration::from_secs(2), everywhere).await);
+    faulty.proxy(2).set_fault(NetFault::Reset);
+    lock.release().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(faulty.cluster().count_key("long-reset"), 1, "the premise: node 2 kept it");
+    faulty.proxy(2).heal();
+    let gone = || faulty.cluster().count_key("long-reset") == 0;
+    assert!(
+        common::eventually(Duration::from_secs(3), gone).await,
+        "the released key stays on node 2 for {} ms more",
+        faulty.cluster().node(2).pttl("long-reset").unwrap()
+    );
+}
+
+/// A lock's acquisition reaches node 2 while it hangs (SIGSTOP) and waits in its socket
+/// buffer; the connection is reset once; the release answers at the quorum and its
+/// re-sends to node 2 stop at the claim's horizon; node 2 wakes up well after that and
+/// runs the buffered acquisition: past its deadline, it sets nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquisition_buffered_in_a_node_that_wakes_after_the_lease_sets_nothing() {
+    let mut faulty = FaultyCluster::start(3).unwrap();
+    let ttl = Duration::from_secs(1);
+    let rl = common::builder_for(faulty.urls(), Duration::from_millis(100))
+        .connect_timeout(Duration::from_millis(200))
+        .ttl(ttl)
+        .build()
+        .unwrap();
+    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    faulty.inject(Fault::Pause, &[2]).unwrap();
+    let started = Instant::now();
+    let lock = rl.try_lock("late").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    faulty.proxy(2).set_fault(NetFault::Reset);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    faulty.proxy(2).heal();
+    lock.release().await.unwrap();
+    // Past the lease, the connect and node timeouts, and the clock's error: the horizon.
+    tokio::time::sleep_until((started + Duration::from_millis(3_000)).into()).await;
+    faulty.cluster_mut().node_mut(2).resume().unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let cluster = faulty.cluster();
+    assert!(
+        common::refusals(cluster.node(2), "LATE") + common::refusals(cluster.node(2), "UNDONE") > 0,
+        "the premise: node 2 ran the buffered acquisition when it woke up, and refused it"
+    );
+    assert_eq!(
+        cluster.count_key("late"),
+        0,
+        "the late acquisition set the key on node 2 for {} ms",
+        cluster.node(2).pttl("late").unwrap()
     );
 }

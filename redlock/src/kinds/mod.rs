@@ -7,5 +7,4 @@ pub(crate) mod reentrant;
 pub(crate) mod rwlock;
 pub(crate) mod semaphore;
 
-#[cfg(test)]
-mod order_free_tests;
+mod order_free;

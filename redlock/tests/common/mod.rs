@@ -316,3 +316,14 @@ pub fn extend_sha() -> String {
     );
     redis::Script::new(source).get_hash().to_owned()
 }
+
+/// How many times `node` answered a request with the error `code` (`INFO errorstats`): a
+/// create refused past its deadline is `LATE`, one whose token was undone `UNDONE`.
+pub fn refusals(node: &redlock_testkit::RedisNode, code: &str) -> u64 {
+    let mut con = node.connection().unwrap();
+    let info: String = redis::cmd("INFO").arg("errorstats").query(&mut con).unwrap();
+    let prefix = format!("errorstat_{code}:count=");
+    info.lines()
+        .find_map(|line| line.strip_prefix(prefix.as_str()))
+        .map_or(0, |count| count.trim().parse().unwrap())
+}

@@ -189,10 +189,17 @@ pub(crate) struct Node {
     /// The widest error any deadline on this node was given, in microseconds: how late
     /// past its sender's timeout a create may still run there ([`Node::late_by`]).
     widest_error: AtomicU64,
+    /// When reading the node's clock last failed, in nanoseconds from `epoch` (0: it did
+    /// not): it is not tried again before [`CLOCK_RESYNC`] has passed.
+    clock_failed_at: AtomicU64,
 }
 
 fn duration_us(duration: Duration) -> u64 {
     u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
+}
+
+fn duration_ns(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// How fast the client's and the node's clocks may drift apart, as a fraction: twice the
@@ -265,6 +272,7 @@ impl Node {
             clock: Arc::default(),
             reading_clock: Arc::default(),
             widest_error: AtomicU64::new(0),
+            clock_failed_at: AtomicU64::new(0),
         }
     }
 
@@ -278,19 +286,24 @@ impl Node {
     /// a stale reading.
     pub(crate) async fn deadline(&self, within: Duration) -> u64 {
         let reading = *lock_ignoring_poison(&self.clock);
-        let Some(mut clock) = reading else { return 0 };
-        let age = crate::clock::now().saturating_duration_since(clock.at);
-        if age > CLOCK_RESYNC * 2
-            && let Some(handle) = self.ready()
-        {
-            let mut connection = handle.connection;
-            if let Ok(Ok(fresh)) = tokio::time::timeout(within, read_clock(&mut connection)).await {
-                *lock_ignoring_poison(&self.clock) = Some(fresh);
-                clock = fresh;
+        let age = reading.map(|clock| crate::clock::now().saturating_duration_since(clock.at));
+        let clock = match (reading, age) {
+            (Some(clock), Some(age)) if age <= CLOCK_RESYNC * 2 => {
+                if age > CLOCK_RESYNC {
+                    self.read_clock_again();
+                }
+                clock
             }
-        } else if age > CLOCK_RESYNC {
-            self.read_clock_again();
-        }
+            // Stale, or never read (its `TIME` was refused): read it first, at most once
+            // per resync period while it keeps failing.
+            _ => match self.read_clock_now(within).await {
+                Some(fresh) => fresh,
+                None => match reading {
+                    Some(clock) => clock,
+                    None => return 0,
+                },
+            },
+        };
         let now = crate::clock::now();
         let error = clock.error(now);
         self.widest_error.fetch_max(duration_us(error), Ordering::Relaxed);
@@ -310,6 +323,28 @@ impl Node {
         }
         let widest = self.widest_error.load(Ordering::Relaxed).max(duration_us(CLOCK_MIN_ERROR));
         Duration::from_micros(widest) * 2
+    }
+
+    /// Reads the node's clock on its open connection now (for at most `within`), and keeps
+    /// the reading; `None` when that failed, or failed less than [`CLOCK_RESYNC`] ago.
+    async fn read_clock_now(&self, within: Duration) -> Option<NodeClock> {
+        let now = crate::clock::now();
+        let failed = self.clock_failed_at.load(Ordering::Relaxed);
+        if failed != 0 && self.nanos(now) < failed.saturating_add(duration_ns(CLOCK_RESYNC)) {
+            return None;
+        }
+        let mut connection = self.ready()?.connection;
+        match tokio::time::timeout(within, read_clock(&mut connection)).await {
+            Ok(Ok(fresh)) => {
+                *lock_ignoring_poison(&self.clock) = Some(fresh);
+                self.clock_failed_at.store(0, Ordering::Relaxed);
+                Some(fresh)
+            }
+            _ => {
+                self.clock_failed_at.store(self.nanos(now).max(1), Ordering::Relaxed);
+                None
+            }
+        }
     }
 
     /// Reads the node's clock again on its open connection, in the background (one at a
@@ -711,8 +746,13 @@ async fn open(
         Err(err) if err.is_io_error() || err.is_connection_dropped() || err.is_timeout() => {
             return Err(unreachable(err));
         }
+        // A node busy with a script, loading its data, ...: not a connection to use yet
+        // (creates on it would carry no deadline); the next request connects again.
+        Err(err) if err.code().is_some_and(|code| !matches!(code, "NOPERM" | "ERR")) => {
+            return Err(Failure::from_redis(&err));
+        }
         // Refused (an ACL user without `+time`) or not understood: the node still works,
-        // without deadlines.
+        // without deadlines (read again now and then: see `Node::deadline`).
         Err(err) => tracing::warn!(
             target: "redlock",
             %err,

@@ -54,11 +54,11 @@ impl<T> Remake for T where
 {
 }
 
-/// The [`Remake`] of `op`'s `command` on `keys`, undoing the hold `token` names (if any),
-/// whose replies `read` reads.
+/// The [`Remake`] of `op`'s `command` on `keys`, undoing `hold` (if any), whose replies
+/// `read` reads.
 pub(crate) fn remake<R>(
     core: &Arc<Core>,
-    (keys, token): (&Keys, Option<&Arc<str>>),
+    (keys, hold): (&Keys, Option<&super::Abandoned>),
     (op, command): (Op, &Arc<Command>),
     read: R,
 ) -> impl Remake + use<R>
@@ -66,9 +66,9 @@ where
     R: Fn(&Reply) -> Answer + Clone + Send + Sync + 'static,
 {
     let (core, keys, command) = (core.clone(), keys.clone(), command.clone());
-    let token = token.cloned();
+    let hold = hold.cloned();
     move |node, slot| {
-        let tracked = core.undos.track_one(node, &keys, token.as_ref(), &slot);
+        let tracked = core.undos.track_one(node, &keys, hold.as_ref(), &slot);
         let command = command.clone();
         // Sent again only after a connection opened: since any did.
         let request = NodeCall { node, op, command, slot, since: 0 };

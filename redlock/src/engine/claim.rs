@@ -244,7 +244,7 @@ impl<P: Protocol> Claim<P> {
             .map(|(i, outcome)| (*outcome == NodeOutcome::Pending).then(|| slots.get(i)))
             .collect();
         let tracked =
-            self.core.undos.track(self.proto.keys(), Some(&self.token()), Sent::Some(sent));
+            self.core.undos.track(self.proto.keys(), Some(&self.hold()), Sent::Some(sent));
         let answered = |_: &quorum::Tally, outcomes: &[NodeOutcome]| {
             let done = granted.iter().all(|&i| outcomes[i] != NodeOutcome::Pending);
             done.then_some(Settled::Reached)
@@ -494,7 +494,7 @@ impl<P: Protocol> Claim<P> {
         F: Future<Output = (usize, NodeOutcome)>,
     {
         let sent = Sent::Everywhere(undos.slots().clone());
-        self.core.undos.track(self.proto.keys(), Some(&self.token()), sent)
+        self.core.undos.track(self.proto.keys(), Some(&self.hold()), sent)
     }
 
     /// Leaves the undos of `round` still in flight to the background; see
@@ -538,12 +538,7 @@ impl<P: Protocol> Claim<P> {
     fn remake(&self, op: Op, command: &Arc<Command>) -> impl background::Remake + use<P> {
         let proto = self.proto.clone();
         let read = move |reply: &_| proto.answer(op, reply);
-        background::remake(
-            &self.core,
-            (self.proto.keys(), Some(&self.token())),
-            (op, command),
-            read,
-        )
+        background::remake(&self.core, (self.proto.keys(), Some(&self.hold())), (op, command), read)
     }
 
     /// The release of a claim dropped while armed: on the client's own thread, so that it
@@ -580,9 +575,10 @@ impl<P: Protocol> Claim<P> {
         Args { ttl: self.ttl, keep, abandoned: &[] }
     }
 
-    /// The hold's token, as the client's undos register it.
-    fn token(&self) -> Arc<str> {
-        self.proto.token().into()
+    /// The hold, as the client's undos register it.
+    fn hold(&self) -> super::Abandoned {
+        let id = self.proto.identity();
+        super::Abandoned { token: id.token.as_str().into(), tombstone: (*id.tombstone).into() }
     }
 
     pub(crate) fn proto(&self) -> &P {

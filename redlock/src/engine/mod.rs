@@ -22,6 +22,7 @@ use std::sync::Arc;
 pub(crate) use claim::Claim;
 pub(crate) use notify::{ReleaseChannel, channel};
 pub(crate) use protocol::{Answer, Op, Protocol};
+pub(crate) use undo::Abandoned;
 
 use crate::command::Command;
 use crate::config::{Config, Ttl};

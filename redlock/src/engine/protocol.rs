@@ -63,9 +63,10 @@ pub(crate) struct Args<'a> {
     /// How long the tombstone of a `Release` or `CleanUp` must live: until nothing the
     /// token's creates may still do on a node can exist (see [`crate::tombstone`]).
     pub(crate) keep: Keep,
-    /// For `Acquire`: this client's abandoned tokens on the keys, whose undos may not have
-    /// reached every node yet; a hold of one of them counts as free.
-    pub(crate) abandoned: &'a [Arc<str>],
+    /// For `Acquire`: this client's abandoned holds on the keys, whose undos may not have
+    /// reached every node yet; a hold of one of them counts as free (and is marked taken
+    /// over in its tombstone).
+    pub(crate) abandoned: &'a [super::undo::Abandoned],
 }
 
 impl<'a> Args<'a> {
@@ -76,7 +77,18 @@ impl<'a> Args<'a> {
 
     /// The abandoned tokens as script arguments.
     pub(crate) fn abandoned(&self) -> impl Iterator<Item = &'a [u8]> + 'a {
-        self.abandoned.iter().map(|token| token.as_bytes())
+        self.abandoned.iter().map(|hold| hold.token.as_bytes())
+    }
+
+    /// The script's keys for an acquisition of `keys` by the hold whose tombstone is
+    /// `tombstone`: the lock keys, the abandoned holds' tombstones (in the order of their
+    /// tokens), then its own tombstone, last, where every script finds it.
+    pub(crate) fn acquire_keys<'k>(&self, keys: &[&'k str], tombstone: &'k str) -> Vec<&'k str>
+    where
+        'a: 'k,
+    {
+        let abandoned = self.abandoned.iter().map(|hold| &*hold.tombstone);
+        keys.iter().copied().chain(abandoned).chain(std::iter::once(tombstone)).collect()
     }
 }
 

@@ -24,8 +24,8 @@ type Entries = HashMap<Arc<str>, SmallVec<[Registration; 1]>>;
 struct Registration {
     /// Which registration it is, for its removal.
     id: u64,
-    /// The token of the hold they undo, if they undo one (a writer's withdrawal does not).
-    token: Option<Arc<str>>,
+    /// The hold they undo, if they undo one (a writer's withdrawal does not).
+    hold: Option<Abandoned>,
     sent: Sent,
 }
 
@@ -79,18 +79,18 @@ impl Undos {
     pub(crate) fn track(
         self: &Arc<Self>,
         keys: &Keys,
-        token: Option<&Arc<str>>,
+        hold: Option<&Abandoned>,
         sent: Sent,
     ) -> Tracked {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let token = token.cloned();
+        let hold = hold.cloned();
         let mut entries = self.lock();
         if let Some((last, others)) = keys.split_last() {
             for key in others {
-                let registration = Registration { id, token: token.clone(), sent: sent.clone() };
+                let registration = Registration { id, hold: hold.clone(), sent: sent.clone() };
                 entries.entry(key.clone()).or_default().push(registration);
             }
-            entries.entry(last.clone()).or_default().push(Registration { id, token, sent });
+            entries.entry(last.clone()).or_default().push(Registration { id, hold, sent });
         }
         self.registered.fetch_add(1, Ordering::AcqRel);
         Tracked { undos: self.clone(), id, keys: keys.clone() }
@@ -101,33 +101,33 @@ impl Undos {
         self: &Arc<Self>,
         node: usize,
         keys: &Keys,
-        token: Option<&Arc<str>>,
+        hold: Option<&Abandoned>,
         slot: &Slot,
     ) -> Tracked {
-        self.track(keys, token, Sent::One(node, slot.clone()))
+        self.track(keys, hold, Sent::One(node, slot.clone()))
     }
 
     /// The tokens this client's undos still in flight on any of `keys` undo: holds it gave
     /// up whose undos may not have reached every node yet (at most [`MAX_ABANDONED`], the
     /// newest; an older one left out can only refuse an acquisition on a node where its
     /// undo is still late). Empty in the common case, which neither locks nor allocates.
-    pub(crate) fn abandoned(&self, keys: &[Arc<str>]) -> Vec<Arc<str>> {
+    pub(crate) fn abandoned(&self, keys: &[Arc<str>]) -> Vec<Abandoned> {
         if self.registered.load(Ordering::Acquire) == 0 {
             return Vec::new();
         }
         let entries = self.lock();
-        let mut tokens: Vec<(u64, Arc<str>)> = Vec::new();
+        let mut holds: Vec<(u64, Abandoned)> = Vec::new();
         for registration in keys.iter().filter_map(|key| entries.get(key)).flatten() {
-            let Some(token) = &registration.token else { continue };
+            let Some(hold) = &registration.hold else { continue };
             let mut in_flight = false;
             registration.sent.for_each(|_, slot| in_flight |= !slot.is_settled());
-            if in_flight && !tokens.iter().any(|(_, known)| known == token) {
-                tokens.push((registration.id, token.clone()));
+            if in_flight && !holds.iter().any(|(_, known)| known.token == hold.token) {
+                holds.push((registration.id, hold.clone()));
             }
         }
-        tokens.sort_unstable_by_key(|(id, _)| std::cmp::Reverse(*id));
-        tokens.truncate(MAX_ABANDONED);
-        tokens.into_iter().map(|(_, token)| token).collect()
+        holds.sort_unstable_by_key(|(id, _)| std::cmp::Reverse(*id));
+        holds.truncate(MAX_ABANDONED);
+        holds.into_iter().map(|(_, hold)| hold).collect()
     }
 
     /// Counts an undo left to the background that failed on `node`.
@@ -159,6 +159,14 @@ impl Undos {
     fn lock(&self) -> MutexGuard<'_, Entries> {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// A hold this client gave up, whose undos may not have reached every node yet: its token,
+/// and its tombstone's key (which an acquisition that takes its place marks).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Abandoned {
+    pub(crate) token: Arc<str>,
+    pub(crate) tombstone: Arc<str>,
 }
 
 /// The most abandoned tokens an acquisition carries.
@@ -199,8 +207,8 @@ mod tests {
         names.iter().map(|k| Arc::<str>::from(*k)).collect()
     }
 
-    fn token(name: &str) -> Arc<str> {
-        name.into()
+    fn token(name: &str) -> Abandoned {
+        Abandoned { token: name.into(), tombstone: format!("{name}:undone").into() }
     }
 
     /// Registrations of one key by a multi lock (two keys), a lone undo and a registration

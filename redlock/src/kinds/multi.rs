@@ -103,6 +103,9 @@ impl Protocol for Multi {
                 let mut argv: Vec<Arg<'_>> = vec![token, ms];
                 if op == Op::Acquire {
                     argv.extend(args.abandoned().map(Arg::Bytes));
+                    let locks: Vec<&str> = self.set.keys.iter().map(|key| &**key).collect();
+                    let keys = args.acquire_keys(&locks, &self.id.tombstone);
+                    return Command::script(script, &keys, &argv, Resend::Safe).bounded();
                 }
                 Command::script(script, &marked, &argv, Resend::Safe).bounded()
             }

@@ -200,7 +200,7 @@ mod tests {
     }
 
     #[test]
-    fn a_hold_of_an_abandoned_token_counts_as_free_and_no_other() {
+    fn a_hold_of_an_abandoned_token_counts_as_free_and_its_release_still_answers_ok() {
         let node = redlock_testkit::RedisNode::start().unwrap();
         let mut con = node.connection().unwrap();
         for script in command::all_scripts() {
@@ -237,15 +237,35 @@ mod tests {
             let outcome = next.answer(Op::Acquire, &reply(refused)).outcome;
             assert_ne!(outcome, crate::NodeOutcome::Ok, "{} then {}", first.kind(), next.kind());
             // Another token named as abandoned frees nothing.
-            let other: [std::sync::Arc<str>; 1] = ["0".repeat(40).into()];
+            let other = [crate::engine::Abandoned {
+                token: "0".repeat(40).into(),
+                tombstone: "k:undone:{k}:other".into(),
+            }];
             let args = Args { ttl, keep: Keep::NONE, abandoned: &other };
             let refused = run(&mut con, &next.command(Op::Acquire, &args), far);
             assert_ne!(next.answer(Op::Acquire, &reply(refused)).outcome, crate::NodeOutcome::Ok);
-            let abandoned: [std::sync::Arc<str>; 1] = [first.token().into()];
+            let abandoned = [crate::engine::Abandoned {
+                token: first.token().into(),
+                tombstone: (*first.identity().tombstone).into(),
+            }];
             let args = Args { ttl, keep: Keep::NONE, abandoned: &abandoned };
             let taken = run(&mut con, &next.command(Op::Acquire, &args), far);
             let outcome = next.answer(Op::Acquire, &reply(taken)).outcome;
             assert_eq!(outcome, crate::NodeOutcome::Ok, "{} then {}", first.kind(), next.kind());
+            // The abandoned hold's release, arriving after its place was taken, says it is
+            // done: its tombstone was marked, and the new hold stays.
+            let keep = Args { ttl, keep: Keep::new(Duration::from_secs(10)), abandoned: &[] };
+            let released = run(&mut con, &first.command(Op::Release, &keep), 0);
+            let outcome = first.answer(Op::Release, &reply(released)).outcome;
+            assert_eq!(
+                outcome,
+                crate::NodeOutcome::Ok,
+                "{} released after {}",
+                first.kind(),
+                next.kind()
+            );
+            let check = run(&mut con, &next.command(Op::Check, &lease), 0);
+            assert_eq!(next.answer(Op::Check, &reply(check)).outcome, crate::NodeOutcome::Ok);
         }
     }
 }

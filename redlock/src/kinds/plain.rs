@@ -88,6 +88,8 @@ impl Protocol for Plain {
                     smallvec::smallvec![token, ms.as_bytes()];
                 if op == Op::Acquire {
                     argv.extend(args.abandoned());
+                    let keys = args.acquire_keys(&[key], &self.id.tombstone);
+                    return Command::script(script, &keys, &argv, Resend::Safe).bounded();
                 }
                 Command::script(script, &keys, &argv, Resend::Safe).bounded()
             }

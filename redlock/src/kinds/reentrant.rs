@@ -67,6 +67,8 @@ impl Protocol for Reentrant {
                 let mut argv: Vec<Arg<'_>> = vec![field, ms];
                 if op == Op::Acquire {
                     argv.extend(args.abandoned().map(Arg::Bytes));
+                    let keys = args.acquire_keys(&keys[..1], keys[1]);
+                    return Command::script(script, &keys, &argv, Resend::Safe).bounded();
                 }
                 Command::script(script, &keys, &argv, Resend::Safe).bounded()
             }

@@ -141,6 +141,8 @@ impl Protocol for Share {
         };
         if op == Op::Acquire {
             argv.extend(args.abandoned().map(Arg::Bytes));
+            let keys = args.acquire_keys(&keys[..1], keys[1]);
+            return Command::script(script, &keys, &argv, Resend::Safe).bounded();
         }
         let command = Command::script(script, &keys, &argv, Resend::Safe);
         if op == Op::Acquire || op == Op::Extend { command.bounded() } else { command }

@@ -151,6 +151,8 @@ impl Protocol for PermitHold {
                     smallvec::smallvec![token, ms.as_bytes(), self.count.as_bytes()];
                 if op == Op::Acquire {
                     argv.extend(args.abandoned());
+                    let keys = args.acquire_keys(&keys[..2], tombstone);
+                    return Command::script(script, &keys, &argv, Resend::Safe).bounded();
                 }
                 Command::script(script, &keys, &argv, Resend::Safe).bounded()
             }

@@ -23,17 +23,30 @@ do
     return redis.error_reply('UNDONE the hold was already released or cleaned up here')
   end
 end
--- The client's own abandoned tokens on these keys (ARGV[from] to ARGV[#ARGV - 1], as a
--- set): holds it gave up, whose undos may not have reached this node yet. A key or field
--- one of them holds counts as free for the client's next acquisition, which so never waits
--- for its own undos: the client let go of them, so taking their place is what their undo
--- arriving first would have allowed.
+-- The client's own abandoned tokens on these keys, ARGV[from] to ARGV[#ARGV - 1], each
+-- with its tombstone, the KEYS just before our own (same order): token -> tombstone. They
+-- are holds the client gave up, whose undos may not have reached this node yet. A key or
+-- field one of them holds counts as free for the client's next acquisition, which so never
+-- waits for its own undos: the client let go of them, so taking their place is what their
+-- undo arriving first would have allowed.
 local function abandoned_from(from)
-  local set = {}
-  for i = from, #ARGV - 1 do
-    set[ARGV[i]] = true
+  local count = #ARGV - from
+  local first = #KEYS - count
+  local tombstones = {}
+  for i = 0, count - 1 do
+    tombstones[ARGV[from + i]] = KEYS[first + i]
   end
-  return set
+  return tombstones, count
+end
+-- Marks an abandoned token's hold as taken over (its tombstone says removed, for at least
+-- `ms`): its undo, whenever it comes, answers as if it had removed the hold itself, and a
+-- late create of that token is refused.
+local function taken_over(tombstone, ms)
+  if redis.call('PTTL', tombstone) < tonumber(ms) then
+    redis.call('SET', tombstone, '1', 'PX', ms)
+  else
+    redis.call('SET', tombstone, '1', 'KEEPTTL')
+  end
 end
 -- Renews `key` to `ms` from now, never shortening it: the client may count a failed
 -- extension as not having happened and keep its old validity, so a shorter lease landing

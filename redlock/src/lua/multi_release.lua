@@ -5,7 +5,7 @@
 -- Returns {ours, foreign, refused, before}: how many keys held our token (and were
 -- deleted), how many were held by another owner, 1 when a notification was refused (an ACL
 -- user without the channel: the release stands), and 1 when an earlier send of this undo
--- deleted ours. Every key is read before any is deleted, so a key of another type raises
+-- deleted ours, or the client's next acquisition took their place. Every key is read before any is deleted, so a key of another type raises
 -- WRONGTYPE from GET before anything changed.
 local locks = #KEYS - 1
 local values = {}
@@ -25,8 +25,10 @@ for i = 1, locks do
     foreign = foreign + 1
   end
 end
+-- An earlier send of this undo removed ours, or the client's next acquisition took their
+-- place (create_guard.lua's `taken_over`).
 local before = 0
-if ours == 0 and removed_before() then
+if removed_before() then
   before = 1
 end
 undone(ours > 0)

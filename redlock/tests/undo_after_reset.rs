@@ -194,3 +194,87 @@ async fn an_acquisition_buffered_in_a_node_that_wakes_after_the_lease_sets_nothi
         cluster.node(2).pttl("late").unwrap()
     );
 }
+
+/// Keeps node `i` busy in a script for `busy` (other clients get `BUSY` replies meanwhile:
+/// its `busy-reply-threshold` is set to 10 ms first), on a thread of its own.
+fn busy_for(faulty: &FaultyCluster, i: usize, busy: Duration) -> std::thread::JoinHandle<()> {
+    common::run(faulty.cluster(), i, &["CONFIG", "SET", "busy-reply-threshold", "10"]);
+    let mut con = faulty.cluster().node(i).connection().unwrap();
+    let script = "local s = redis.call('TIME') \
+                  local start = s[1] * 1000000 + s[2] \
+                  while true do \
+                    local t = redis.call('TIME') \
+                    if t[1] * 1000000 + t[2] - start > tonumber(ARGV[1]) then return 1 end \
+                  end";
+    let micros = busy.as_micros().to_string();
+    std::thread::spawn(move || {
+        let _: redis::Value =
+            redis::cmd("EVAL").arg(script).arg(0).arg(micros).query(&mut con).unwrap();
+    })
+}
+
+/// Whether the released key came back: node 2 paused with the acquisition buffered, the
+/// connection reset, the release `Ok`, and the node woken 5 s later, after the release's
+/// tries stopped (the claim's horizon: the lease, the connect timeout, two node timeouts,
+/// the clock's error; under 4 s here). The buffered `SET` must then find itself past its
+/// deadline. With `busy`, the client's first connection to node 2 opened while the node
+/// turned busy in another client's script between the connect's `SCRIPT LOAD` and its
+/// `TIME` (held back 300 ms by the proxy): that `TIME` was answered `BUSY`.
+async fn late_set_comes_back(busy: bool) -> bool {
+    let mut faulty = FaultyCluster::start(3).unwrap();
+    let ttl = Duration::from_millis(500);
+    let rl =
+        common::builder_for(faulty.urls(), Duration::from_millis(200)).ttl(ttl).build().unwrap();
+    faulty.proxy(2).hold_requests_containing(b"$4\r\nTIME\r\n", Duration::from_millis(300));
+    let warm = {
+        let rl = rl.clone();
+        tokio::spawn(async move { rl.try_lock("warm").await.unwrap().release().await.unwrap() })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let script = busy.then(|| busy_for(&faulty, 2, Duration::from_millis(1000)));
+    warm.await.unwrap();
+    if let Some(script) = script {
+        script.join().unwrap();
+    }
+    faulty.proxy(2).release_holds();
+    // The connection to node 2 works now.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        if let Ok(lock) = rl.try_lock("ready").await {
+            let on_2 = faulty.cluster().nodes_holding("ready", lock.token()).contains(&2);
+            lock.release().await.unwrap();
+            if on_2 {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "node 2 never granted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let key = "late-set";
+    faulty.cluster_mut().node_mut(2).pause().unwrap();
+    let lock = rl.try_lock(key).await.unwrap();
+    let token = lock.token().to_owned();
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    faulty.proxy(2).set_fault(NetFault::Reset);
+    lock.release().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    faulty.cluster_mut().node_mut(2).resume().unwrap();
+    let back = || faulty.cluster().nodes_holding(key, &token) == vec![2];
+    common::eventually(Duration::from_millis(400), back).await
+}
+
+/// The late `SET` of a released lock, run by a node woken after the release's tries
+/// stopped, is past its deadline and leaves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_run_after_the_releases_tries_stopped_leaves_nothing() {
+    assert!(!late_set_comes_back(false).await, "the released key came back on node 2");
+}
+
+/// The same late `SET`, where the node's `TIME` was answered `BUSY` when the connection
+/// opened (a moment's state of the node, not a user without `+time`): that connect fails
+/// and the next one reads the clock, so the late `SET` still carries its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_busy_when_its_connection_opened_still_refuses_a_late_set() {
+    assert!(!late_set_comes_back(true).await, "the released key came back on node 2 for a lease");
+}

@@ -345,6 +345,13 @@ fn check_passes_persistent_independent_masters() {
     assert_eq!(code, Some(0), "{shown}");
     assert!(shown.contains("fit the Redlock model"), "{shown}");
     assert!(!shown.contains("warning"), "{shown}");
+    // Each node's version and role were read (with one INFO section per request: Redis 6.2
+    // refuses several).
+    for url in cluster.urls() {
+        let line = shown.lines().find(|line| line.starts_with(&url)).unwrap_or_default();
+        assert!(line.contains(", master, up "), "{shown}");
+        assert!(!line.contains(" ?,"), "{shown}");
+    }
 }
 
 #[test]

@@ -102,11 +102,11 @@ fn judge(node: &Node) -> Vec<Finding> {
     let mut out = Vec::new();
     let url = &node.url;
     match node.version.as_deref().map(major_minor) {
-        Some(Some(version)) if version < (7, 0) && !node.valkey => {
+        Some(Some(version)) if version < (6, 2) && !node.valkey => {
             out.push((
                 true,
                 format!(
-                    "{url}: Redis {} is too old: SET NX GET needs 7.0",
+                    "{url}: Redis {} is too old: the library needs 6.2 or later",
                     node.version.as_deref().unwrap_or("?")
                 ),
             ));
@@ -264,11 +264,17 @@ async fn probe(options: &Options, url: &str) -> Result<Node, String> {
     let timeout = timeout.max(Duration::from_millis(500));
     let mut node = Node::default();
     admin::bounded(timeout, redis::cmd("PING").query_async::<String>(&mut con)).await?;
-    let info = admin::bounded(
-        timeout,
-        redis::cmd("INFO").arg("server").arg("replication").query_async::<String>(&mut con),
-    )
-    .await;
+    // One section per INFO: Redis 6.2 answers a syntax error to several (7.0 added them).
+    let mut info = Ok(String::new());
+    for section in ["server", "replication"] {
+        let Ok(all) = &mut info else { break };
+        let mut command = redis::cmd("INFO");
+        command.arg(section);
+        match admin::bounded(timeout, command.query_async::<String>(&mut con)).await {
+            Ok(text) => all.push_str(&text),
+            Err(err) => info = Err(err),
+        }
+    }
     if let Err(err) = &info
         && admin::denied(err)
     {

@@ -53,7 +53,7 @@ enum Command {
     Inspect(admin::InspectArgs),
     /// Frees RESOURCE on every node whoever holds it (an administrator's last resort).
     Release(admin::ReleaseArgs),
-    /// Checks that every node fits the Redlock model: reachable, Redis 7.0+ or Valkey, an
+    /// Checks that every node fits the Redlock model: reachable, Redis 6.2+ or Valkey, an
     /// independent master without replicas, persistence, eviction policy, duplicates, clocks.
     Check,
 }

@@ -73,6 +73,11 @@ pub(crate) fn launch(
         .arg("no")
         .arg("--protected-mode")
         .arg("no")
+        // Redis 7's default, set for every server: on Redis 6.2 (default `allchannels`) a
+        // new ACL user could publish and subscribe anywhere, and a test of a missing
+        // channel rule could not fail.
+        .arg("--acl-pubsub-default")
+        .arg("resetchannels")
         .arg("--dir")
         .arg(dir)
         .arg("--logfile")

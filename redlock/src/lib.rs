@@ -112,9 +112,9 @@
 //! resource, outcome, elapsed time and each node's outcome.
 //!
 //! # Requirements
-//! Redis 7.0 or later (or Valkey) on every node (for `SET ... NX GET`; every new connection
-//! reads `INFO server` and refuses an older server), and a Tokio runtime with its timer
-//! enabled (`enable_time()` or `enable_all()`, as `#[tokio::main]` does).
+//! Redis 6.2 or later (or Valkey) on every node (every new connection reads `INFO server`
+//! and refuses an older server), and a Tokio runtime with its timer enabled
+//! (`enable_time()` or `enable_all()`, as `#[tokio::main]` does).
 //!
 //! # Features
 //! - `tls-rustls`: `rediss://` nodes over rustls; a default crypto provider (ring) is

@@ -466,3 +466,31 @@ async fn every_rule_of_the_library_lines_is_needed() {
         }
     }
 }
+
+/// The README's lines, run as written one after another, are accepted by a server whose
+/// new users get every channel (`acl-pubsub-default allchannels`: Redis 6.2's default, an
+/// option on 7): there a channel pattern must follow `resetchannels`, or the server refuses
+/// the whole line.
+#[test]
+fn the_readmes_acl_lines_are_accepted_where_new_users_get_every_channel() {
+    let config = redlock_testkit::NodeConfig::new()
+        .extra_arg("--acl-pubsub-default")
+        .extra_arg("allchannels");
+    let node = redlock_testkit::RedisNode::start_with(config).unwrap();
+    let readme = include_str!("../../README.md");
+    let section = &readme[readme.find("## ACL users").expect("the README's ACL section")..];
+    let lines: Vec<&str> =
+        section.lines().filter(|line| line.starts_with("ACL SETUSER locker ")).collect();
+    assert!(lines.len() >= 7, "{lines:?}");
+    for line in lines {
+        let args: Vec<&str> = line.split_whitespace().collect();
+        node.command(&args).unwrap_or_else(|err| panic!("`{line}`: {err}"));
+    }
+    let rules: String = redis::cmd("ACL")
+        .arg("GETUSER")
+        .arg("locker")
+        .query::<redis::Value>(&mut node.connection().unwrap())
+        .map(|value| format!("{value:?}"))
+        .unwrap();
+    assert!(rules.contains("redlock:released:app:*"), "{rules}");
+}

@@ -246,7 +246,8 @@ pub fn readme_acl(feature: &str) -> Vec<&'static str> {
             let rules = rules.unwrap_or_else(|| panic!("no ACL SETUSER line after `# {feature}:`"));
             return rules
                 .split_whitespace()
-                .filter(|r| *r != "on" && !r.starts_with('>'))
+                // Flags that set the user up, not rules that permit something.
+                .filter(|r| !matches!(*r, "on" | "resetchannels") && !r.starts_with('>'))
                 .collect();
         }
     }

@@ -245,10 +245,14 @@ pub(crate) fn explain_refusal(message: &str) -> Option<String> {
         return None;
     }
     let named = (|| {
-        let (_, rest) = message.split_once("script: ")?;
-        let (sha, rest) = rest.split_once(',')?;
+        // 7.0: "... script: <sha>, on @user_script:<line>."; 6.2: "Error running script
+        // (call to f_<sha>): @user_script:<line>: @user_script: <line>: The user ...".
+        let (sha, rest) = match message.split_once("(call to f_") {
+            Some((_, rest)) => rest.split_once(')')?,
+            None => message.split_once("script: ")?.1.split_once(',')?,
+        };
         let (_, line) = rest.split_once("@user_script:")?;
-        let line: usize = line.trim_end_matches(|c: char| !c.is_ascii_digit()).parse().ok()?;
+        let line: usize = line.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()?;
         let script = all_scripts().find(|script| script.sha == sha.trim())?;
         let commands = called_on(script.source.lines().nth(line.checked_sub(1)?)?);
         (!commands.is_empty()).then_some(commands)

@@ -32,7 +32,9 @@
 //! ```
 //!
 //! # How a lock is taken
-//! An attempt sends `SET key token NX GET PX ttl` to every node at once, each under its own
+//! An attempt sends a script that sets `key` to a fresh token if nobody holds it (what
+//! `SET key token NX PX ttl` does, with a deadline: see [`guide::order`]) to every node at
+//! once, each under its own
 //! [node timeout](RedlockBuilder::node_timeout), with a fresh 160-bit random token. It is
 //! decided as soon as the outcome is certain: granted when a quorum (`N/2 + 1`) said yes,
 //! refused when too many said no or failed for a quorum to remain possible; slow nodes are

@@ -21,7 +21,7 @@ use crate::error::NodeOutcome;
 use crate::guard::guard;
 use crate::node::Reply;
 
-/// Who held the key on which node, as a `SET ... NX GET` acquisition's replies named them (no
+/// Who held the key on which node, as an acquisition's replies named them (no
 /// allocation until a refusal): what tells a split vote from a holder of a quorum.
 #[derive(Debug, Default)]
 pub(crate) struct Holders(std::sync::Mutex<smallvec::SmallVec<[Held; 1]>>);

@@ -16,7 +16,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -67,9 +67,6 @@ const BACKOFF: (Duration, Duration) = (Duration::from_millis(50), Duration::from
 pub(crate) struct Releases {
     nodes: Vec<(Client, Duration)>,
     registry: Arc<Mutex<Registry>>,
-    /// How many channels are watched: lets a lock's grant and release skip the registry
-    /// when no one waits.
-    watched: Arc<AtomicUsize>,
     /// One command queue per node's subscriber task, started with the first waiter. The
     /// tasks end when these senders are dropped: with the client, or at its shutdown.
     subscribers: Mutex<Subscribers>,
@@ -145,7 +142,6 @@ impl Releases {
                 quorum: quorum::quorum(nodes.len()),
                 channels: HashMap::new(),
             })),
-            watched: Arc::new(AtomicUsize::new(0)),
             subscribers: Mutex::default(),
         }
     }
@@ -178,7 +174,6 @@ impl Releases {
             // Sent under the registry lock, so that the subscriber tasks see subscribe and
             // unsubscribe commands in the order the registry changed.
             send_all(subscribers, || Subscription::Subscribe(channel.clone()));
-            self.watched.fetch_add(1, Ordering::AcqRel);
             Channel::new(nodes)
         });
         watched.waiters.push_back(waiter.clone());
@@ -186,7 +181,6 @@ impl Releases {
             channel,
             waiter,
             registry: self.registry.clone(),
-            watched: self.watched.clone(),
             subscribers: subscribers.clone(),
         }
     }
@@ -213,7 +207,6 @@ pub(crate) struct ReleaseWatch {
     channel: Arc<str>,
     waiter: Arc<Waiter>,
     registry: Arc<Mutex<Registry>>,
-    watched: Arc<AtomicUsize>,
     subscribers: Vec<mpsc::UnboundedSender<Subscription>>,
 }
 
@@ -251,7 +244,6 @@ impl Drop for ReleaseWatch {
         }
         if watched.waiters.is_empty() {
             registry.channels.remove(&self.channel);
-            self.watched.fetch_sub(1, Ordering::AcqRel);
             send_all(&self.subscribers, || Subscription::Unsubscribe(self.channel.clone()));
         }
     }
@@ -347,10 +339,9 @@ async fn serve(
                 let quorum = registry.quorum;
                 if let Some(watched) = registry.channels.get_mut(message.get_channel_name())
                     && watched.published(node, quorum)
+                    && let Some(first) = watched.waiters.front()
                 {
-                    if let Some(first) = watched.waiters.front() {
-                        first.wake();
-                    }
+                    first.wake();
                 }
             }
         }

@@ -207,18 +207,15 @@ async fn a_plain_waiter_behind_a_refused_multi_waiter_stays_out_after_a_force_re
     }
 }
 
-/// Client C: a task holds `K` (extended to 1.5 s while a waiter of C watches). Nodes 1
-/// and 2 of 3 restart empty (no persistence, restart quarantine off): the hold is gone from
-/// a majority, with no notification, and the holder still believes it holds the lock. C's
-/// waiter sits out its ticks until that hold's validity ends, then finds `K` free at its
-/// next tick: a hold lost without notice keeps the client's own waiters out as long as
-/// its holder believes in it (another client's waiter is not held back:
-/// `a_waiter_of_another_client_finds_the_lost_hold_at_its_next_tick`).
-///
-/// Found at 044036d as a stall (the review asked for the waiter to find `K` at once); kept
-/// as the documented rule, with the wait bounded by the hold's validity.
+/// Client C: a task holds `K` (taken with `try_lock`, extended to 1.5 s while a waiter of
+/// C watches). Nodes 1 and 2 of 3 restart empty (no persistence, restart quarantine off):
+/// the hold is gone from a majority, with no notification, and the holder still believes
+/// it holds the lock. C's waiter finds `K` free at its next tick, as another client's
+/// waiter does (`a_waiter_of_another_client_finds_the_lost_hold_at_its_next_tick`): only a
+/// hold granted to a waiter of C's line keeps C's next waiters out (see `queue`), and the
+/// nodes, not the client, decide who holds a lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiter_of_the_client_waits_out_its_hold_lost_without_notice() {
+async fn a_waiter_of_the_client_finds_a_hold_lost_without_notice_at_its_next_tick() {
     let mut cluster = common::cluster(3);
     let c = waiting(cluster.urls(), Duration::from_secs(5));
     let mut stuck = c.try_lock("K").await.unwrap();
@@ -231,14 +228,15 @@ async fn a_waiter_of_the_client_waits_out_its_hold_lost_without_notice() {
         cluster.node_mut(1).restart_empty().unwrap();
         cluster.node_mut(2).restart_empty().unwrap();
     });
+    let restarted_at = Instant::now();
     let (at, lock) = tokio::time::timeout(Duration::from_secs(4), waiter).await.unwrap().unwrap();
     lock.unwrap().release().await.unwrap();
     drop(stuck);
-    assert!(at >= valid_until, "granted {:?} before the hold's validity ended", valid_until - at);
     assert!(
-        at - valid_until < Duration::from_millis(500),
-        "granted {:?} after the hold's validity ended",
-        at - valid_until
+        at < valid_until && at - restarted_at < Duration::from_millis(1000),
+        "granted {:?} after the restart, with the lost hold valid for {:?} more",
+        at - restarted_at,
+        valid_until.saturating_duration_since(restarted_at)
     );
 }
 

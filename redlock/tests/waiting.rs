@@ -424,3 +424,64 @@ async fn a_waiter_polls_again_once_its_clients_hold_is_past_its_validity() {
     assert!(gap >= ttl - Duration::from_millis(50), "granted {gap:?} into a valid hold");
     assert!(gap < ttl * 2, "found {gap:?} after the grant");
 }
+
+/// This client's waiters cannot be notified (its ACL user has no release channels) and
+/// poll every 5 s: a task's release still hands the lock to the client's next waiter at
+/// once, which then makes a normal attempt on the key the release freed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_hands_the_lock_to_the_clients_next_waiter_at_once_without_a_notification() {
+    let cluster = common::cluster(3);
+    let rules: Vec<&str> = common::MINIMAL_ACL
+        .iter()
+        .copied()
+        .filter(|rule| *rule != "&redlock:released:app:*")
+        .chain(["resetchannels"])
+        .collect();
+    for node in cluster.nodes() {
+        node.acl_setuser("quiet", "quiet-pass", &rules).unwrap();
+    }
+    let urls = cluster.nodes().iter().map(|node| node.url_as("quiet", "quiet-pass")).collect();
+    let slow = Retry::new()
+        .with_unbounded_attempts()
+        .with_delay(Duration::from_secs(5))
+        .with_jitter(Duration::ZERO)
+        .with_max_wait(Duration::from_secs(20));
+    let rl = common::builder_for(urls, Duration::from_millis(200))
+        .key_prefix("app:")
+        .retry(slow)
+        .build()
+        .unwrap();
+    let other = common::client(&cluster);
+    let held = other.try_lock("app:turns").await.unwrap();
+    // The first task polls fast; the second waits behind it.
+    let fast = Retry::new()
+        .with_unbounded_attempts()
+        .with_delay(Duration::from_millis(20))
+        .with_max_wait(Duration::from_secs(10));
+    let first = tokio::spawn({
+        let rl = rl.clone();
+        async move {
+            let lock = rl.lock("turns").retry(fast).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let released_at = Instant::now();
+            lock.release().await.unwrap();
+            released_at
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let second = tokio::spawn({
+        let rl = rl.clone();
+        async move {
+            let lock = rl.lock("turns").await.unwrap();
+            let granted_at = Instant::now();
+            lock.release().await.unwrap();
+            granted_at
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    held.release().await.unwrap();
+    let released_at = first.await.unwrap();
+    let granted_at = tokio::time::timeout(Duration::from_secs(15), second).await.unwrap().unwrap();
+    let gap = granted_at.saturating_duration_since(released_at);
+    assert!(gap < Duration::from_secs(2), "the next waiter got the lock {gap:?} after the release");
+}

@@ -426,34 +426,29 @@ impl<P: Protocol> Claim<P> {
     ) {
         let requests = self.everywhere(op, command);
         let tracked = self.track(&requests);
+        let (round, rest) =
+            round::run(requests, clock::now(), quorum::settle_hold, &self.core.nodes).await;
+        // Decided: the key is free on a quorum (or the hold is gone), so the next waiter's
+        // attempt is not refused by this hold.
         if op == Op::Release {
             self.note_releasing();
         }
-        let (round, rest) =
-            round::run(requests, clock::now(), quorum::settle_hold, &self.core.nodes).await;
         (round, rest, tracked)
     }
 
-    /// Records the grant, and tells this client's waiters for the keys, if any, that this
-    /// hold excludes them until its validity ends, if it is exclusive: their timers need
-    /// not try meanwhile.
+    /// Records the grant or extension, and tells this client's line for the request, if
+    /// this hold has its turn, how long it keeps it (see `queue`).
     fn note_hold(&mut self) {
         self.granted = true;
-        let Some(key) = self.proto.keys().first() else { return };
         if self.proto.is_exclusive() {
-            self.core.releases.hold(key, self.deadline);
-        } else {
-            // A share granted: no hold of this client excludes it any longer.
-            self.core.releases.released(key);
+            self.core.lines.extended(&*self.proto, self.deadline);
         }
     }
 
-    /// Tells this client's waiters for the keys, if any, that this hold is being released
-    /// (if it was granted, and exclusive): their timers try again.
+    /// Tells this client's line for the request that this hold is being released: if it
+    /// has the line's turn, the next waiter attempts at once.
     fn note_releasing(&self) {
-        if let Some(key) = self.excluding_key() {
-            self.core.releases.releasing(key, self.core.config.node_timeout);
-        }
+        self.note_release();
     }
 
     /// Counts the hold's end and its release, sent in the background, as `outcome`.
@@ -462,18 +457,12 @@ impl<P: Protocol> Claim<P> {
         telemetry::released(self.proto.kind(), outcome);
     }
 
-    /// Tells this client's waiters for the keys, if any, that this hold is gone (if it was
-    /// granted, and exclusive): their timers try again.
+    /// Tells this client's line for the request that this hold is gone (if it was granted,
+    /// and exclusive): if it had the line's turn, the next waiter attempts at once.
     fn note_release(&self) {
-        if let Some(key) = self.excluding_key() {
-            self.core.releases.released(key);
+        if self.granted && self.proto.is_exclusive() {
+            self.core.lines.released(&*self.proto);
         }
-    }
-
-    /// The key whose waiters a granted exclusive hold keeps out (the first).
-    fn excluding_key(&self) -> Option<&str> {
-        let key = self.proto.keys().first()?;
-        (self.granted && self.proto.is_exclusive()).then_some(&**key)
     }
 
     /// `op` on every node.

@@ -12,6 +12,7 @@ pub(crate) mod claim;
 mod fencing;
 mod notify;
 pub(crate) mod protocol;
+mod queue;
 mod round;
 mod slot;
 mod undo;
@@ -32,6 +33,7 @@ use crate::retry::Retry;
 use crate::tasks::Tasks;
 
 use notify::Releases;
+use queue::Lines;
 use undo::Undos;
 
 /// What every lock of one client shares.
@@ -40,6 +42,8 @@ pub(crate) struct Core {
     pub(crate) config: Config,
     pub(crate) tasks: Arc<Tasks>,
     releases: Releases,
+    /// This client's waiters for exclusive holds, one line per request.
+    lines: Arc<Lines>,
     undos: Arc<Undos>,
 }
 
@@ -53,7 +57,7 @@ impl Core {
     pub(crate) fn new(nodes: Vec<Arc<Node>>, config: Config, tasks: Arc<Tasks>) -> Self {
         let releases = Releases::new(&nodes);
         let undos = Undos::new(nodes.len());
-        Self { nodes: nodes.into(), config, tasks, releases, undos }
+        Self { nodes: nodes.into(), config, tasks, releases, lines: Arc::default(), undos }
     }
 }
 
@@ -183,18 +187,23 @@ where
             return Claim::acquire(core, first, ttl, resource, fenced).await;
         };
         let keys = first.keys().clone();
-        let request = notify::Request::of(&first);
+        let request = queue::Request::of(&first);
+        // In this client's line for the request, if it queues; left when the wait ends.
+        let mut ticket = request.queues().then(|| core.lines.join(&request));
         let generations = core.nodes.iter().map(|node| node.generation()).collect();
         let mut give_up =
             GiveUp { core, keys, resource: resource.clone(), withdrawal, generations };
         let mut next = Some(first);
         // Woken by the releases of the first key (a multi-resource lock's other keys are
         // found by the timer).
-        let claim = wait::until_acquired(core, retry, &request, || {
+        let claim = wait::until_acquired(core, retry, &request, ticket.as_mut(), &resource, || {
             let proto = next.take().unwrap_or_else(&mut attempt);
             Claim::acquire(core, proto, ttl, resource.clone(), fenced)
         })
         .await?;
+        if let Some(ticket) = ticket {
+            ticket.granted(claim.proto().token(), claim.deadline());
+        }
         give_up.withdrawal = None;
         Ok(claim)
     }
@@ -211,7 +220,7 @@ where
 /// counting lock's try of its slots does), waiting between attempts for a release
 /// published on `wake_key`'s channel or the policy's pause. The hold is one that does not
 /// exclude every other on `wake_key`: this client's waiters do not queue behind each other
-/// and its holds do not hold its waiters' timers back.
+/// (see `queue`).
 pub(crate) async fn obtain_any<T, F, Fut>(
     core: &Arc<Core>,
     plan: &Plan,
@@ -228,8 +237,8 @@ where
         // Held across the wait: a shutdown waits for it and ends it.
         let _acquisition = core.tasks.acquisition();
         let Some(retry) = &plan.retry else { return attempt().await };
-        let request = notify::Request::shared(kind, wake_key);
-        wait::until_acquired(core, retry, &request, attempt).await
+        let request = queue::Request::shared(kind, wake_key);
+        wait::until_acquired(core, retry, &request, None, "", attempt).await
     }
     .await;
     let outcome = match &result {

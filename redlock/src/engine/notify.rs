@@ -9,30 +9,21 @@
 //! A release counts once a quorum of nodes published it (the quorum-th highest
 //! per-node count of publications went up): before that, an attempt could not win. Of
 //! this client's waiters on the key, only the first in line is woken: several woken
-//! at once would split the nodes' votes. Notifications can be lost (a node down, a
-//! connection being re-opened, an expiry instead of a release), so waiters always keep a
-//! polling fallback.
-//!
-//! While a hold of this client that excludes every other is valid on a key, its waiters'
-//! timers pass without an attempt (see `wait`): an attempt could only fail, and the
-//! hold's release is published like any other. The hold stops counting when its release
-//! starts, when a release of the key not the client's own is published on a quorum (a
-//! forced release), when the client finds it gone (an extension or a check), when the
-//! client is granted a share it would exclude, and at shutdown. A hold lost without
-//! notice (nodes restarted empty, an eviction) keeps them out until its validity ends, as
-//! the holder itself believes it holds the lock until then.
+//! at once would split the nodes' votes (this client's own releases of an exclusive hold
+//! hand on to its next waiter directly: see `queue`). Notifications can be lost (a node
+//! down, a connection being re-opened, an expiry instead of a release), so waiters always
+//! keep a polling fallback.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::StreamExt;
 use redis::{Client, RedisWrite, ToRedisArgs};
 use tokio::sync::{Notify, mpsc};
 
-use crate::engine::protocol::{Keys, Protocol};
 use crate::node::Node;
 use crate::quorum;
 use crate::tasks::Tasks;
@@ -76,9 +67,6 @@ const BACKOFF: (Duration, Duration) = (Duration::from_millis(50), Duration::from
 pub(crate) struct Releases {
     nodes: Vec<(Client, Duration)>,
     registry: Arc<Mutex<Registry>>,
-    /// How many channels are watched: lets a lock's grant and release skip the registry
-    /// when no one waits.
-    watched: Arc<AtomicUsize>,
     /// One command queue per node's subscriber task, started with the first waiter. The
     /// tasks end when these senders are dropped: with the client, or at its shutdown.
     subscribers: Mutex<Subscribers>,
@@ -101,84 +89,12 @@ struct Registry {
 struct Channel {
     counts: Vec<u64>,
     releases: u64,
-    /// Until when a hold of this client excludes every other on the key (its validity),
-    /// if one was granted or extended while this channel was watched and not released.
-    held: Option<Instant>,
-    /// Until when the next release counted on a quorum is likely this client's own, whose
-    /// hold no longer counts already: it leaves alone a hold granted since (the next
-    /// waiter's), where another release (a forced one) ends the hold it finds.
-    releasing: Option<Instant>,
     waiters: VecDeque<Arc<Waiter>>,
 }
 
 struct Waiter {
     woken: AtomicBool,
     notify: Notify,
-    /// What its attempts ask for.
-    request: Request,
-    attempts: Mutex<Attempts>,
-}
-
-/// What a waiter's attempts ask the nodes for, as far as another waiter's attempts could
-/// do it in their place.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Request {
-    /// The kind, as errors name it: kinds answer differently on one key.
-    kind: &'static str,
-    /// Every key of the hold.
-    keys: Keys,
-    /// Whether the hold excludes every other.
-    exclusive: bool,
-    /// Whether each attempt also records an intent that holds others back while the
-    /// waiter waits (a writer with the default priority).
-    intent: bool,
-}
-
-impl Request {
-    /// The request of `proto`'s attempts.
-    pub(crate) fn of<P: Protocol>(proto: &P) -> Self {
-        Self {
-            kind: proto.kind(),
-            keys: proto.keys().clone(),
-            exclusive: proto.is_exclusive(),
-            intent: proto.records_intent(),
-        }
-    }
-
-    /// The request of attempts that may take any of several holds whose releases are all
-    /// published on `key`'s channel (a counting lock's slots), none excluding the others.
-    pub(crate) fn shared(kind: &'static str, key: Arc<str>) -> Self {
-        Self { kind, keys: smallvec::smallvec![key], exclusive: false, intent: false }
-    }
-
-    /// Every key of the hold.
-    pub(crate) fn keys(&self) -> &Keys {
-        &self.keys
-    }
-
-    /// Whether the hold excludes every other.
-    pub(crate) fn is_exclusive(&self) -> bool {
-        self.exclusive
-    }
-
-    /// Whether attempts of this request may stand in for `other`'s: only when they are the
-    /// same request, of a hold that excludes every other. An attempt of another kind, on
-    /// other keys, or without the intent `other`'s would record, leaves undone what
-    /// `other`'s would do (a writer that records no intent standing in for one that does
-    /// would let readers starve both).
-    fn stands_in_for(&self, other: &Self) -> bool {
-        self.exclusive && self == other
-    }
-}
-
-/// A waiter's attempts, as the waiters behind it see them.
-struct Attempts {
-    /// When the last one started (or the waiter joined the line).
-    started: Instant,
-    /// How long the last finished one took.
-    took: Duration,
-    /// Whether it found the keys held by others on every node that answered.
-    held: bool,
 }
 
 impl Waiter {
@@ -196,22 +112,7 @@ enum Subscription {
 
 impl Channel {
     fn new(nodes: usize) -> Self {
-        Self {
-            counts: vec![0; nodes],
-            releases: 0,
-            held: None,
-            releasing: None,
-            waiters: VecDeque::new(),
-        }
-    }
-
-    /// A release counted on a quorum: unless it is likely this client's own (whose hold
-    /// no longer counts already, and a hold granted since is the next waiter's), whatever
-    /// this client held there is gone (forced out).
-    fn counted_release(&mut self) {
-        if self.releasing.take().is_none_or(|until| Instant::now() > until) {
-            self.held = None;
-        }
+        Self { counts: vec![0; nodes], releases: 0, waiters: VecDeque::new() }
     }
 
     /// Counts a publication from node `node`; `true` when it completes a release on a quorum.
@@ -241,7 +142,6 @@ impl Releases {
                 quorum: quorum::quorum(nodes.len()),
                 channels: HashMap::new(),
             })),
-            watched: Arc::new(AtomicUsize::new(0)),
             subscribers: Mutex::default(),
         }
     }
@@ -251,51 +151,9 @@ impl Releases {
         *self.subscribers.lock().unwrap_or_else(PoisonError::into_inner) = Subscribers::Stopped;
     }
 
-    /// Whether some waiter of this client is in line for `key`.
-    pub(crate) fn has_waiters(&self, key: &str) -> bool {
-        let mut found = false;
-        self.with_channel(key, |_| found = true);
-        found
-    }
-
-    /// Records that this client's hold that excluded every other on `key` is being
-    /// released, its release published within `within`: its waiters' timers try again.
-    pub(crate) fn releasing(&self, key: &str, within: Duration) {
-        self.with_channel(key, |watched| {
-            watched.held = None;
-            watched.releasing = Some(Instant::now() + within);
-        });
-    }
-
-    /// Records that this client's hold that excluded every other on `key` is gone, or
-    /// that the client holds a share of `key` that such a hold would exclude: its
-    /// waiters' timers try again.
-    pub(crate) fn released(&self, key: &str) {
-        self.with_channel(key, |watched| watched.held = None);
-    }
-
-    /// Records that a hold of this client that excludes every other on `key` is valid
-    /// until `until` (granted or extended), if some waiter of this client watches `key`.
-    pub(crate) fn hold(&self, key: &str, until: Instant) {
-        self.with_channel(key, |watched| watched.held = Some(until));
-    }
-
-    /// Runs `change` on `key`'s channel if it is watched; the common case, where no one
-    /// waits, neither locks nor builds the channel's name.
-    fn with_channel(&self, key: &str, change: impl FnOnce(&mut Channel)) {
-        if self.watched.load(Ordering::Acquire) == 0 {
-            return;
-        }
-        let mut registry = lock(&self.registry);
-        if let Some(watched) = registry.channels.get_mut(&*channel(key)) {
-            change(watched);
-        }
-    }
-
-    /// Starts watching the releases of the first key of `request`, what the waiter's
-    /// attempts ask for; the subscribers start on the client's own thread with the first
-    /// watch.
-    pub(crate) fn watch(&self, request: &Request, tasks: &Tasks) -> ReleaseWatch {
+    /// Starts watching the releases of `key`; the subscribers start on the client's own
+    /// thread with the first watch.
+    pub(crate) fn watch(&self, key: &str, tasks: &Tasks) -> ReleaseWatch {
         let subscribers = {
             let mut subscribers = self.subscribers.lock().unwrap_or_else(PoisonError::into_inner);
             if matches!(*subscribers, Subscribers::NotStarted) {
@@ -308,24 +166,14 @@ impl Releases {
             }
         };
         let subscribers = &subscribers;
-        let channel = channel(request.keys.first().map_or("", |key| &**key));
-        let waiter = Arc::new(Waiter {
-            woken: AtomicBool::new(false),
-            notify: Notify::new(),
-            request: request.clone(),
-            attempts: Mutex::new(Attempts {
-                started: Instant::now(),
-                took: Duration::ZERO,
-                held: false,
-            }),
-        });
+        let channel = channel(key);
+        let waiter = Arc::new(Waiter { woken: AtomicBool::new(false), notify: Notify::new() });
         let mut registry = lock(&self.registry);
         let nodes = self.nodes.len();
         let watched = registry.channels.entry(channel.clone()).or_insert_with(|| {
             // Sent under the registry lock, so that the subscriber tasks see subscribe and
             // unsubscribe commands in the order the registry changed.
             send_all(subscribers, || Subscription::Subscribe(channel.clone()));
-            self.watched.fetch_add(1, Ordering::AcqRel);
             Channel::new(nodes)
         });
         watched.waiters.push_back(waiter.clone());
@@ -333,7 +181,6 @@ impl Releases {
             channel,
             waiter,
             registry: self.registry.clone(),
-            watched: self.watched.clone(),
             subscribers: subscribers.clone(),
         }
     }
@@ -360,7 +207,6 @@ pub(crate) struct ReleaseWatch {
     channel: Arc<str>,
     waiter: Arc<Waiter>,
     registry: Arc<Mutex<Registry>>,
-    watched: Arc<AtomicUsize>,
     subscribers: Vec<mpsc::UnboundedSender<Subscription>>,
 }
 
@@ -379,50 +225,10 @@ impl ReleaseWatch {
         }
     }
 
-    /// Records that this waiter starts an attempt.
-    pub(crate) fn attempting(&self) {
-        lock(&self.waiter.attempts).started = Instant::now();
-    }
-
-    /// Records how this waiter's attempt went: it took `took`, and `held` if it found the
-    /// keys held by others (no node said yes).
-    pub(crate) fn attempted(&self, took: Duration, held: bool) {
-        let mut attempts = lock(&self.waiter.attempts);
-        attempts.took = took;
-        attempts.held = held;
-    }
-
     /// Records that this waiter got the lock: a wake-up it has not used yet came from a
     /// release before its grant, and would only cost the next waiter a failed attempt.
     pub(crate) fn granted(&self) {
         self.waiter.woken.store(false, Ordering::Release);
-    }
-
-    /// Whether this waiter's tick may pass without an attempt, which could only fail: a
-    /// hold of this client that excludes every other is valid on the key (its release
-    /// wakes the first waiter) and this waiter's attempts record no intent, or the first
-    /// of this client's waiters in line stands in for this one: it is another one, its
-    /// attempts are the same request (see
-    /// [`Request::stands_in_for`]), its last attempt found the keys held, and it started
-    /// one since `since` (this one's attempt could then only fail where the first one's
-    /// did, and would do nothing the first one's did not). Returns how long the attempt it
-    /// stands for took: none for the hold, the first waiter's last one otherwise.
-    pub(crate) fn stand_in(&self, since: Instant) -> Option<Duration> {
-        let registry = lock(&self.registry);
-        let watched = registry.channels.get(&self.channel)?;
-        // Its failed attempts renew the intent that holds readers back at the hold's
-        // release: they are not for nothing.
-        if !self.waiter.request.intent
-            && watched.held.is_some_and(|until| crate::clock::now() < until)
-        {
-            return Some(Duration::ZERO);
-        }
-        let front = watched.waiters.front()?;
-        if Arc::ptr_eq(front, &self.waiter) || !front.request.stands_in_for(&self.waiter.request) {
-            return None;
-        }
-        let attempts = lock(&front.attempts);
-        (attempts.held && attempts.started > since).then_some(attempts.took)
     }
 }
 
@@ -438,7 +244,6 @@ impl Drop for ReleaseWatch {
         }
         if watched.waiters.is_empty() {
             registry.channels.remove(&self.channel);
-            self.watched.fetch_sub(1, Ordering::AcqRel);
             send_all(&self.subscribers, || Subscription::Unsubscribe(self.channel.clone()));
         }
     }
@@ -534,11 +339,9 @@ async fn serve(
                 let quorum = registry.quorum;
                 if let Some(watched) = registry.channels.get_mut(message.get_channel_name())
                     && watched.published(node, quorum)
+                    && let Some(first) = watched.waiters.front()
                 {
-                    watched.counted_release();
-                    if let Some(first) = watched.waiters.front() {
-                        first.wake();
-                    }
+                    first.wake();
                 }
             }
         }
@@ -548,50 +351,6 @@ async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_a_release_not_this_clients_own_ends_the_hold_it_finds() {
-        let in_a_while = Instant::now() + Duration::from_secs(60);
-        let mut channel = Channel::new(3);
-        // This client's release, then the next waiter's grant before the publications.
-        channel.releasing = Some(in_a_while);
-        channel.held = Some(in_a_while);
-        channel.counted_release();
-        assert_eq!(channel.held, Some(in_a_while), "the next holder's hold still counts");
-        // A forced release of that hold.
-        channel.counted_release();
-        assert_eq!(channel.held, None);
-        // This client's release whose publications never came: a later one is not its.
-        channel.releasing = Some(Instant::now() - Duration::from_millis(1));
-        channel.held = Some(in_a_while);
-        channel.counted_release();
-        assert_eq!(channel.held, None);
-    }
-
-    #[test]
-    fn a_waiter_stands_in_only_for_the_same_exclusive_request() {
-        let request = |kind, keys: &[&str], exclusive, intent| Request {
-            kind,
-            keys: keys.iter().map(|&key| Arc::from(key)).collect(),
-            exclusive,
-            intent,
-        };
-        let preferred = request("write lock", &["doc"], true, true);
-        assert!(preferred.stands_in_for(&preferred.clone()), "another preferred writer");
-        let plain = request("lock", &["doc"], true, false);
-        assert!(plain.stands_in_for(&plain.clone()), "another plain lock");
-        let unprioritised = request("write lock", &["doc"], true, false);
-        assert!(!unprioritised.stands_in_for(&preferred), "records no intent for it");
-        assert!(!preferred.stands_in_for(&unprioritised), "records an intent it would not");
-        assert!(!plain.stands_in_for(&unprioritised), "another kind");
-        let multi = request("multi-resource lock", &["doc", "other"], true, false);
-        assert!(!plain.stands_in_for(&multi), "another kind, fewer keys");
-        let more_keys = request("lock", &["doc", "other"], true, false);
-        assert!(!plain.stands_in_for(&more_keys), "fewer keys");
-        assert!(!more_keys.stands_in_for(&plain), "more keys");
-        let reader = request("read lock", &["doc"], false, false);
-        assert!(!reader.stands_in_for(&reader.clone()), "a share excludes no one");
-    }
 
     #[test]
     fn a_release_counts_once_a_quorum_of_nodes_published_it() {

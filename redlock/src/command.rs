@@ -2,10 +2,8 @@
 //! the Lua scripts the library runs (sent by hash, loaded on every new connection, and
 //! again on demand).
 //!
-//! Loading scripts on connect matters for safety, not just speed: a release queued behind
-//! a `SET` on a hung node is answered only when the node wakes up; if the node then said
-//! `NOSCRIPT`, the fallback `EVAL` would come from a caller that has long given up, and
-//! the late `SET` would outlive the attempt.
+//! Scripts are loaded on connect so that the first request of each kind on a connection
+//! costs one round trip, not two (`NOSCRIPT`, then `EVAL`).
 
 use std::sync::LazyLock;
 

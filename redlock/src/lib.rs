@@ -45,8 +45,9 @@
 //! timed from the attempt's own start with a monotonic clock that counts the time the
 //! machine is suspended where the platform allows (see below); a quorum that took the whole
 //! lease is refused ([`ErrorKind::Expired`]). A refused attempt releases its token on every
-//! node that may hold it, including nodes that never answered: the release is queued on the
-//! same connection behind the `SET`, so it also reaches a `SET` that lands late.
+//! node that may hold it, including nodes that never answered; a `SET` that lands there
+//! later finds the release's tombstone, or is past its deadline, and sets nothing
+//! ([`guide::order`]).
 //!
 //! A node with no connection yet (the first request of a process, or the first after its
 //! connection broke) is first given the [connect timeout](RedlockBuilder::connect_timeout)

@@ -462,8 +462,9 @@ async fn a_writer_giving_up_on_fresh_connections_leaves_no_intent() {
         let err = writer.write("doc").await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::NotAcquired);
         drop(writer);
-        // The withdrawal runs in the background, behind the attempt on each node: soon no
-        // node keeps an intent (one left behind refuses readers there for its lifetime).
+        // The withdrawal runs in the background, on each node before or after the attempt
+        // there: soon no node keeps an intent (an attempt that lands after it records none;
+        // one left behind would refuse readers there for its lifetime).
         let intents = || {
             cluster
                 .hash_fields("doc")

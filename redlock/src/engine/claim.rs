@@ -120,7 +120,7 @@ impl<P: Protocol> Claim<P> {
         let command = Arc::new(proto.command(Op::Acquire, &args));
         let n = core.nodes.len();
         // Armed from here: if this future is dropped mid-round, Drop releases whatever the
-        // round may have set, each release queued behind its node's acquisition.
+        // round may have set (an acquisition that lands later finds the tombstone).
         let mut claim = Self {
             core: core.clone(),
             proto: proto.clone(),
@@ -279,8 +279,8 @@ impl<P: Protocol> Claim<P> {
         let requests = self.everywhere(Op::Extend, &command);
         let (round, rest) =
             round::run(requests, started_at, quorum::settle_hold, &self.core.nodes).await;
-        // Unanswered extensions heal nodes that answer late, always ahead of a later
-        // release (which waits for them).
+        // Unanswered extensions heal nodes that answer late (a later release, wherever it
+        // lands first, leaves a tombstone their renewal respects).
         round::finish(&self.core.tasks, rest);
         if round.decided_at >= self.deadline {
             // The lease ran out while we asked: another client may already hold the lock.
@@ -329,8 +329,8 @@ impl<P: Protocol> Claim<P> {
     /// Ends a hold that an extension found gone from too many nodes, or out of validity:
     /// its validity is over, and its keys are released in the background on every node,
     /// wherever they are left or the extension itself renewed or set them again (a plain
-    /// or multi extension heals the nodes where the key is absent), each release queued
-    /// behind the extension there. Otherwise a lock known to be lost would keep those
+    /// or multi extension heals the nodes where the key is absent; an extension that lands
+    /// after the release finds its tombstone). Otherwise a lock known to be lost would keep those
     /// nodes from everyone else for a whole lease. Later extensions, checks and the release
     /// answer from this without asking the nodes; the hold's end and its release are
     /// counted here, once.
@@ -413,8 +413,7 @@ impl<P: Protocol> Claim<P> {
         }
     }
 
-    /// One undo round over every node, each request queued behind this claim's latest
-    /// there, decided at the quorum.
+    /// One undo round over every node, decided at the quorum.
     async fn undo_round(
         &mut self,
         op: Op,
@@ -542,10 +541,12 @@ impl<P: Protocol> Claim<P> {
     }
 
     /// When nothing this claim's creates and renewals did or may still do on a node can
-    /// exist any more: each was sent by its round's start plus the connect timeout, and
-    /// given up on a node timeout later (an acquisition's wait for its turn counts in it,
-    /// so twice that); the node refuses it past that, its clock's error aside; and what it
-    /// set lives its lease, longer by the drift allowance if the node's clock runs slow.
+    /// exist any more: each first went out by its round's start plus the connect timeout,
+    /// and was given up on a node timeout later; a send again on a new connection within
+    /// that node timeout (its cached connection had died) is stamped with its own
+    /// deadline, a node timeout after it: twice the node timeout in all. The node refuses
+    /// a create past its deadline, its clock's error aside; and what it set lives its
+    /// lease, longer by the drift allowance if the node's clock runs slow.
     fn horizon(&self) -> Instant {
         let config = &self.core.config;
         let late_by = self.core.nodes.iter().map(|node| node.late_by()).max().unwrap_or_default();

@@ -46,6 +46,9 @@ pub(crate) enum Mode {
 pub(crate) struct Intent {
     field: Arc<str>,
     ms: u64,
+    /// How long its withdrawal's mark must live on a node: past the deadline of the
+    /// latest attempt that could record the intent there (see [`Intent::withdrawal`]).
+    withdrawn_ms: u64,
 }
 
 impl Intent {
@@ -56,15 +59,31 @@ impl Intent {
         // Bounded like a lease, so that the node's expiry arithmetic stays exact.
         let ms = gap.clamp(MIN_INTENT, MAX_TTL).as_millis();
         let field = format!("i:{}", token::generate()).into();
-        Self { field, ms: u64::try_from(ms).unwrap_or(u64::MAX) }
+        // An attempt goes out within a connect timeout, is stamped at most two node
+        // timeouts later (with a re-send), plus its clock's error (at most a second while
+        // a node's clock is unread).
+        let withdrawn = (config.connect_timeout + config.node_timeout * 2)
+            .saturating_add(crate::node::UNREAD_CLOCK_ERROR);
+        Self {
+            field,
+            ms: u64::try_from(ms).unwrap_or(u64::MAX),
+            withdrawn_ms: u64::try_from(withdrawn.as_millis()).unwrap_or(u64::MAX),
+        }
     }
 
-    /// The command that withdraws this intent from a node (a writer that gave up). It
-    /// removes no hold, so it leaves no tombstone (the script still takes one's name).
+    /// The intent's tombstone on `key`: left by the withdrawal, it keeps any attempt of
+    /// the wait that reaches a node after it from recording the intent there again.
+    fn tombstone(&self, key: &str) -> String {
+        crate::tombstone::key(key, &self.field)
+    }
+
+    /// The command that withdraws this intent from a node (a writer that gave up), and
+    /// leaves the intent's tombstone there.
     pub(crate) fn withdrawal(&self, key: &str) -> Command {
         let intent = Arg::Bytes(self.field.as_bytes());
-        let args = [Arg::Bytes(b""), Arg::ReleaseChannel(key), intent, Arg::Bytes(b"0")];
-        let tombstone = crate::tombstone::key(key, &self.field);
+        let keep = self.withdrawn_ms.to_string();
+        let args = [Arg::Bytes(b""), Arg::ReleaseChannel(key), intent, Arg::Bytes(keep.as_bytes())];
+        let tombstone = self.tombstone(key);
         Command::script(&command::RW_RELEASE, &[key, &tombstone], &args, Resend::Safe)
     }
 }
@@ -141,7 +160,14 @@ impl Protocol for Share {
         };
         if op == Op::Acquire {
             argv.extend(args.abandoned().map(Arg::Bytes));
-            let keys = args.acquire_keys(&keys[..1], keys[1]);
+            // A writer's intent's tombstone goes right after the lock key (its withdrawal
+            // may have come first: then the attempt records no intent).
+            let intent_tombstone = self.intent.as_ref().map(|intent| intent.tombstone(keys[0]));
+            let locks: Vec<&str> = match &intent_tombstone {
+                Some(tombstone) if self.mode == Mode::Write => vec![keys[0], tombstone],
+                _ => vec![keys[0]],
+            };
+            let keys = args.acquire_keys(&locks, keys[1]);
             return Command::script(script, &keys, &argv, Resend::Safe).bounded();
         }
         let command = Command::script(script, &keys, &argv, Resend::Safe);

@@ -1,9 +1,9 @@
 -- Hash-based lock, release (after undo_mark.lua): removes our own hold (and, for a writer,
 -- its intent), never another's, and leaves our tombstone; when no hold remains, waiters are
 -- told on the release channel.
--- KEYS[1] = the lock key, KEYS[2] = our tombstone; ARGV[1] = our field (or '' to withdraw an
--- intent alone), ARGV[2] = the release channel, ARGV[3] = our intent field or '', ARGV[4] =
--- the tombstone's lifetime in milliseconds.
+-- KEYS[1] = the lock key, KEYS[2] = our tombstone (the intent's, for a withdrawal);
+-- ARGV[1] = our field (or '' to withdraw an intent alone), ARGV[2] = the release channel,
+-- ARGV[3] = our intent field or '', ARGV[4] = the tombstone's lifetime in milliseconds.
 -- Returns 1 when our field was removed, 2 when it was removed but the notification was
 -- refused (an ACL user without the channel: the release stands), 3 when an earlier send of
 -- this undo removed it, 0 when it was absent (expired, never set here), -1 when it was
@@ -29,6 +29,10 @@ elseif ARGV[1] ~= '' and conflicting(ARGV[1]) then
 end
 if ARGV[1] ~= '' then
   undone(result == 1)
+elseif ARGV[3] ~= '' then
+  -- A writer's withdrawal of its intent: the intent's tombstone keeps an attempt of that
+  -- wait that reaches the node later from recording it again.
+  undone(false)
 end
 if changed then
   settle()

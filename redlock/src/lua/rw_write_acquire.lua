@@ -1,6 +1,6 @@
 -- Read-write lock, writer acquire (after create_guard.lua): the write grant, if no share and no other writer is live.
--- KEYS[1] = the lock key, then the abandoned tokens'
--- tombstones, then ours; ARGV[1] = our field ('w:<token>'),
+-- KEYS[1] = the lock key, KEYS[2] = our intent's tombstone (when we have an intent), then
+-- the abandoned tokens' tombstones, then ours; ARGV[1] = our field ('w:<token>'),
 -- ARGV[2] = the lease in milliseconds, ARGV[3] = our intent field ('i:<id>', or '' for
 -- none), ARGV[4] = the intent's lifetime in milliseconds, then the client's abandoned
 -- tokens, then the deadline.
@@ -9,6 +9,11 @@
 -- A key of another type raises WRONGTYPE: never touched.
 
 local intent = ARGV[3]
+-- Our wait already withdrew its intent here (the withdrawal overtook this attempt): record
+-- none again.
+if intent ~= '' and redis.call('GET', KEYS[2]) then
+  intent = ''
+end
 forget(abandoned_from(5), ARGV[2])
 if conflicting(ARGV[1]) then
   if intent ~= '' then

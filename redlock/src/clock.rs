@@ -13,20 +13,14 @@
 //! decision), and the holds a waiter defers to. They stay `Instant`s (this clock is
 //! `Instant::now()` plus an offset that only grows), so that arithmetic on them is the usual
 //! one. Two places must convert: a Tokio timer runs on the monotonic clock ([`sleep_until`]
-//! converts, and wakes at least every [`WAKE_CHECK`] to notice a suspend), and an instant
+//! converts, and wakes at least every [`timing::WAKE_CHECK`] to notice a suspend), and an instant
 //! handed to the user is put back on `Instant`'s scale ([`on_std`]). Retry pacing, waiting
 //! budgets and shutdown deadlines stay on `Instant`: a suspend only makes them longer.
 
+use crate::timing;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-
-/// The longest a timer guarding a deadline sleeps before it reads the clock again: how
-/// late, at most, it notices a suspend that ate its lease (its Tokio timer does not count
-/// the suspend). Measured (`lease::tests::cost_of_watching_leases_for_a_suspend`, release
-/// build): 0.84 µs a wake; 1000 leases watched by `lost()` cost 0.34% of a core. The same
-/// on every platform (elsewhere only the test hook moves this clock ahead): one behaviour.
-pub(crate) const WAKE_CHECK: Duration = Duration::from_millis(250);
 
 /// The widest window in which a reading of the two clocks is taken as one instant: a
 /// reading interrupted for longer (the thread preempted between the reads) is taken again.
@@ -67,7 +61,7 @@ pub(crate) fn on_std(at: Instant) -> Instant {
 }
 
 /// Sleeps until `deadline` on the lease clock: on the Tokio timer, in steps of at most
-/// [`WAKE_CHECK`], so that a suspend that passes the deadline is noticed soon after the
+/// [`timing::WAKE_CHECK`], so that a suspend that passes the deadline is noticed soon after the
 /// machine wakes.
 pub(crate) async fn sleep_until(deadline: Instant) {
     loop {
@@ -75,7 +69,7 @@ pub(crate) async fn sleep_until(deadline: Instant) {
         if left.is_zero() {
             return;
         }
-        tokio::time::sleep(left.min(WAKE_CHECK)).await;
+        tokio::time::sleep(left.min(timing::WAKE_CHECK)).await;
     }
 }
 
@@ -290,7 +284,7 @@ mod tests {
         suspend_here(Duration::from_secs(3600));
         tokio::time::timeout(Duration::from_secs(10), sleeping).await.unwrap().unwrap();
         let noticed = suspended_at.elapsed();
-        assert!(noticed <= WAKE_CHECK + Duration::from_secs(2), "{noticed:?}");
+        assert!(noticed <= timing::WAKE_CHECK + Duration::from_secs(2), "{noticed:?}");
     }
 
     /// Measures what the clock costs per read (run with `--ignored --nocapture`).

@@ -1,5 +1,6 @@
 //! Keeping a lock alive while work runs, and saying when it ends.
 
+use crate::timing;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -12,10 +13,6 @@ use crate::clock;
 use crate::error::{Error, ErrorKind, Result};
 use crate::guard::Guard;
 use crate::tasks::Tasks;
-
-/// The shortest pause between two extension attempts, so that a failing node set is not
-/// hammered in a loop.
-const MIN_RETRY: Duration = Duration::from_millis(10);
 
 /// A view of a lock kept alive in the background: its validity, and whether it is still
 /// held.
@@ -403,10 +400,10 @@ async fn extend<G: Guard>(
 
 /// When to extend next: a third of the lease after a success; after a failure, half of
 /// what remains, so retries come faster as the deadline nears (never more often than
-/// every [`MIN_RETRY`], never after the deadline).
+/// every [`timing::EXTEND_MIN_RETRY`], never after the deadline).
 fn next_extension(now: Instant, deadline: Instant, ttl: Duration) -> Instant {
     let remaining = deadline.saturating_duration_since(now);
-    let wait = (ttl / 3).min(remaining / 2).max(MIN_RETRY).min(remaining);
+    let wait = (ttl / 3).min(remaining / 2).max(timing::EXTEND_MIN_RETRY).min(remaining);
     now + wait
 }
 
@@ -430,7 +427,10 @@ mod tests {
             next_extension(now, now + Duration::from_secs(2), ttl) - now,
             Duration::from_secs(1)
         );
-        assert_eq!(next_extension(now, now + Duration::from_millis(15), ttl) - now, MIN_RETRY);
+        assert_eq!(
+            next_extension(now, now + Duration::from_millis(15), ttl) - now,
+            timing::EXTEND_MIN_RETRY
+        );
         assert_eq!(
             next_extension(now, now + Duration::from_millis(4), ttl) - now,
             Duration::from_millis(4)
@@ -497,11 +497,11 @@ mod tests {
         assert_eq!(err.kind(), ErrorKind::NotHeld);
         // Generous for a loaded machine; without the wake-ups it would wait a minute.
         let noticed = woke.elapsed();
-        assert!(noticed < clock::WAKE_CHECK + Duration::from_secs(3), "{noticed:?}");
+        assert!(noticed < crate::timing::WAKE_CHECK + Duration::from_secs(3), "{noticed:?}");
     }
 
     /// Measures what watching leases costs while nothing happens: 1000 `lost()` futures on
-    /// one thread for five seconds, each waking every `clock::WAKE_CHECK` to notice a
+    /// one thread for five seconds, each waking every `timing::WAKE_CHECK` to notice a
     /// suspend (run with `--ignored --nocapture`, Linux).
     #[tokio::test]
     #[ignore = "a measurement, not a check"]
@@ -524,7 +524,8 @@ mod tests {
         tokio::time::sleep(FOR).await;
         let used = cpu() - before;
         let wakes = LEASES
-            * u32::try_from((FOR.as_millis() / clock::WAKE_CHECK.as_millis()).max(1)).unwrap();
+            * u32::try_from((FOR.as_millis() / crate::timing::WAKE_CHECK.as_millis()).max(1))
+                .unwrap();
         println!(
             "{LEASES} watched leases for {FOR:?}: {used:?} of CPU ({:.2}% of a core), {:?} per wake",
             used.as_secs_f64() / FOR.as_secs_f64() * 100.0,

@@ -211,6 +211,7 @@ mod tasks;
 mod telemetry;
 #[doc(hidden)]
 pub mod test_hooks;
+mod timing;
 mod token;
 mod tombstone;
 

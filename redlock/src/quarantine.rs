@@ -5,11 +5,8 @@
 //! longer than the longest lease); this module lets the client apply it, from the
 //! uptime the node reports whenever a connection opens.
 
+use crate::timing;
 use std::time::{Duration, Instant};
-
-/// Redis reports its uptime in whole wall-clock seconds: the process may have started up to
-/// this much later than the reported uptime implies.
-const UPTIME_RESOLUTION: Duration = Duration::from_secs(1);
 
 /// `uptime_in_seconds` from an `INFO server` reply.
 pub(crate) fn parse_uptime(info: &str) -> Option<Duration> {
@@ -22,7 +19,8 @@ pub(crate) fn parse_uptime(info: &str) -> Option<Duration> {
 /// When the quarantine of a node that reported `uptime` in a reply received at
 /// `replied_at` ends, assuming the latest start the reply allows; `None` when it is over.
 pub(crate) fn end(replied_at: Instant, uptime: Duration, quarantine: Duration) -> Option<Instant> {
-    let latest_start_plus = replied_at.checked_add(quarantine)?.checked_add(UPTIME_RESOLUTION)?;
+    let latest_start_plus =
+        replied_at.checked_add(quarantine)?.checked_add(timing::UPTIME_RESOLUTION)?;
     latest_start_plus.checked_sub(uptime).filter(|end| *end > replied_at)
 }
 

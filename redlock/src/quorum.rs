@@ -3,13 +3,10 @@
 //!
 //! Pure functions without I/O, so that they can be tested exhaustively.
 
+use crate::timing;
 use std::time::Duration;
 
 use crate::error::{ErrorKind, NodeOutcome};
-
-/// Redis expires keys with one millisecond precision; the reference implementation adds
-/// these two milliseconds to the drift allowance to cover it.
-const EXPIRY_PRECISION: Duration = Duration::from_millis(2);
 
 /// The largest lease we accept: far beyond any sane lease, far below what makes Redis
 /// reject `PX` (its expiry time in milliseconds must fit an `i64` after adding "now").
@@ -27,7 +24,7 @@ pub(crate) const fn quorum(nodes: usize) -> usize {
 ///
 /// `factor` is validated to lie in `[0, 1)` by the builder, so the product cannot overflow.
 pub(crate) fn drift(ttl: Duration, factor: f64) -> Duration {
-    ttl.mul_f64(factor) + EXPIRY_PRECISION
+    ttl.mul_f64(factor) + timing::EXPIRY_PRECISION
 }
 
 /// What remains of a lease of `ttl` after `elapsed` and the drift allowance, or `None` when

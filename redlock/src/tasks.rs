@@ -14,6 +14,7 @@
 //! acquisition under way in a caller's task (a wait, an attempt, its fencing round and its
 //! clean-up), which a shutdown waits for too.
 
+use crate::timing;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -22,10 +23,6 @@ use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 use tokio::sync::{Notify, oneshot, watch};
 use tokio::task::JoinHandle;
-
-/// How long the own thread lets its last tasks finish once the client is gone: they are
-/// bounded by their node timeouts, this only caps a pathological configuration.
-const GRACE: Duration = Duration::from_secs(10);
 
 /// The background work of one client.
 #[derive(Debug)]
@@ -256,7 +253,7 @@ fn start_own_thread(running: Arc<Running>) -> Option<OwnThread> {
         runtime.block_on(async move {
             // Ends when the client (and with it the sender) is gone.
             let _ = stopped.await;
-            let deadline = Instant::now() + GRACE;
+            let deadline = Instant::now() + timing::GRACE;
             while running.count.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
                 let idle = running.idle.notified();
                 let _ = tokio::time::timeout(Duration::from_millis(50), idle).await;

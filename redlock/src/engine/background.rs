@@ -19,6 +19,7 @@
 //!   client).
 //! - Failures that remain are counted and logged, never silent.
 
+use crate::timing;
 use std::future::Future;
 use std::sync::Arc;
 use std::task::Poll;
@@ -81,10 +82,6 @@ where
         .boxed()
     }
 }
-
-/// The first pause before an undo is sent again; it doubles each time, up to a second.
-const FIRST_PAUSE: Duration = Duration::from_millis(50);
-const MAX_PAUSE: Duration = Duration::from_secs(1);
 
 /// What the background needs to finish, report, and send again the undos of one round.
 #[derive(Clone)]
@@ -214,7 +211,7 @@ struct Retries {
 
 impl Retries {
     fn new(nodes: usize) -> Self {
-        Self { sent: FuturesUnordered::new(), pauses: vec![FIRST_PAUSE; nodes] }
+        Self { sent: FuturesUnordered::new(), pauses: vec![timing::RESEND_FIRST; nodes] }
     }
 
     /// Sends node `i`'s undo again after its pause, unless its keys will have expired by
@@ -225,7 +222,7 @@ impl Retries {
         if crate::clock::now() + wait >= undos.until {
             return false;
         }
-        *pause = (wait * 2).min(MAX_PAUSE);
+        *pause = (wait * 2).min(timing::RESEND_MAX);
         // Made (and so registered with the client's undos, its slot open) before the pause:
         // a shutdown, or the client's next acquisition of the key, counts it as in flight
         // from now on.

@@ -17,6 +17,7 @@
 //!   opened since what it undoes was made (`since`): then nothing it undoes left the
 //!   client (a refused certificate or login).
 
+use crate::timing;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -104,12 +105,6 @@ impl NodeCall {
     }
 }
 
-/// Pauses before a lost undo goes out again: the first is short (a reset connection is
-/// usually replaced at once), the last lets a node that resets every connection for a
-/// moment recover.
-const UNDO_AGAIN: [Duration; 3] =
-    [Duration::from_millis(10), Duration::from_millis(50), Duration::from_millis(200)];
-
 /// Sends a lost undo (`first`) again until it is no longer lost (answered, refused), the
 /// pauses run out, or a try times out (`None`). Every undo is safe to repeat, and its
 /// tombstone makes a repeat answer what the first send did. Not sent again while no
@@ -126,7 +121,7 @@ async fn undo_again(
         return Some(first);
     }
     let mut reply = first;
-    for pause in UNDO_AGAIN {
+    for pause in timing::UNDO_AGAIN {
         if !node.may_have_reached(since) {
             break;
         }

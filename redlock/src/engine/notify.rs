@@ -14,6 +14,7 @@
 //! down, a connection being re-opened, an expiry instead of a release), so waiters always
 //! keep a polling fallback.
 
+use crate::timing;
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -59,9 +60,6 @@ impl ToRedisArgs for ReleaseChannel<'_> {
         out.write_arg_fmt(self);
     }
 }
-
-/// The shortest and longest pause before a subscriber reconnects.
-const BACKOFF: (Duration, Duration) = (Duration::from_millis(50), Duration::from_secs(2));
 
 /// The release notifications of one client.
 pub(crate) struct Releases {
@@ -272,12 +270,12 @@ async fn subscriber(
     registry: Arc<Mutex<Registry>>,
     mut commands: mpsc::UnboundedReceiver<Subscription>,
 ) {
-    let mut backoff = BACKOFF.0;
+    let mut backoff = timing::SUBSCRIBE_BACKOFF.0;
     loop {
         match serve(node, &client, timeout, &registry, &mut commands).await {
             Served::ClientGone => return,
             // Connected and subscribed before it broke: the node is back, retry soon.
-            Served::Lost { was_up: true } => backoff = BACKOFF.0,
+            Served::Lost { was_up: true } => backoff = timing::SUBSCRIBE_BACKOFF.0,
             Served::Lost { was_up: false } => {}
         }
         // While disconnected, queued commands are moot: the registry is re-read on connect.
@@ -289,7 +287,7 @@ async fn subscriber(
                 command = commands.recv() => if command.is_none() { return },
             }
         }
-        backoff = (backoff * 2).min(BACKOFF.1);
+        backoff = (backoff * 2).min(timing::SUBSCRIBE_BACKOFF.1);
     }
 }
 

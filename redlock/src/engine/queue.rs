@@ -22,10 +22,11 @@
 //! client woken by one release. So a line never holds a waiter back for longer than the
 //! waiter itself would have waited: a waiter's tick for which no attempt of the line has
 //! started since its previous one asks the first for one, and takes its place if none
-//! starts within [`STALL`] (its runtime blocked, its future no longer polled); an attempt
+//! starts within [`timing::STALL`] (its runtime blocked, its future no longer polled); an attempt
 //! of the line that failed for another reason than the key being held (a lease too short
 //! for the round, a fencing round that failed) counts for no one else.
 
+use crate::timing;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -36,11 +37,6 @@ use tokio::sync::Notify;
 use crate::error::{Error, ErrorKind};
 
 use super::protocol::{Keys, Protocol};
-
-/// How long the first waiter in line may take to start an attempt another waiter asked
-/// for before that one takes its place: long against a task's wake-up, short against a
-/// wait.
-pub(crate) const STALL: Duration = Duration::from_millis(100);
 
 /// What a waiter's attempts ask the nodes for, as far as another waiter's attempts could
 /// do it in their place: waits of the same request share a line.
@@ -269,7 +265,7 @@ impl Ticket {
     }
 
     /// Waits for the outcome of the line's attempt `number`, or `None` if it has not
-    /// started within [`STALL`] or the attempt in flight has not ended within `patience`
+    /// started within [`timing::STALL`] or the attempt in flight has not ended within `patience`
     /// of its start (the waiter making it stalled).
     /// An outcome other than [`Outcome::Held`] or [`Outcome::Granted`] counts for no one
     /// else.
@@ -293,14 +289,14 @@ impl Ticket {
                 // Idle since it was asked (or since its last attempt ended, if later).
                 let idle = state.ended_at.map_or(asked, |ended| ended.max(asked)).elapsed();
                 let stalled = match state.in_flight {
-                    0 => state.started < number && idle >= STALL,
+                    0 => state.started < number && idle >= timing::STALL,
                     _ => state.started_at.is_some_and(|started| started.elapsed() >= patience),
                 };
                 if stalled {
                     return None;
                 }
             }
-            let _ = tokio::time::timeout(STALL, progress).await;
+            let _ = tokio::time::timeout(timing::STALL, progress).await;
         }
     }
 

@@ -2,6 +2,7 @@
 //! soon as its outcome is certain; the requests still in flight then finish in the
 //! background.
 
+use crate::timing;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -230,11 +231,8 @@ where
     (round, rest)
 }
 
-/// The longest wait for a round's stragglers once it is decided.
-const LINGER_MAX: Duration = Duration::from_millis(2);
-
 /// Waits for the requests still in flight at the decision, at most as long again as the
-/// round took to decide (and [`LINGER_MAX`]), unless one of their nodes missed such a wait
+/// round took to decide (and [`timing::LINGER_MAX`]), unless one of their nodes missed such a wait
 /// before and has not answered in time since: a slow or hung node is not waited for.
 ///
 /// Healthy nodes answer within a moment of each other, and the stragglers polled here cost
@@ -251,7 +249,7 @@ where
 
 /// How long [`linger`] waits: as long again as the round took to decide, capped.
 fn grace(round: &Round) -> Duration {
-    round.elapsed().min(LINGER_MAX)
+    round.elapsed().min(timing::LINGER_MAX)
 }
 
 /// [`linger`] with its wait given.
@@ -553,7 +551,7 @@ mod tests {
         let at = Instant::now();
         let round = |ms| Round { decided_at: at + Duration::from_millis(ms), ..Round::none(3, at) };
         assert_eq!(grace(&round(1)), Duration::from_millis(1));
-        assert_eq!(grace(&round(30)), LINGER_MAX);
+        assert_eq!(grace(&round(30)), timing::LINGER_MAX);
     }
 
     #[tokio::test]

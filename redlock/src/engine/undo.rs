@@ -6,6 +6,7 @@
 //! it while its clean-up is on its way, and nothing waits for anything. A shutdown names
 //! the nodes whose undos are still in flight.
 
+use crate::timing;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -108,7 +109,7 @@ impl Undos {
     }
 
     /// The tokens this client's undos still in flight on any of `keys` undo: holds it gave
-    /// up whose undos may not have reached every node yet (at most [`MAX_ABANDONED`], the
+    /// up whose undos may not have reached every node yet (at most [`timing::MAX_ABANDONED`], the
     /// newest; an older one left out can only refuse an acquisition on a node where its
     /// undo is still late). Empty in the common case, which neither locks nor allocates.
     pub(crate) fn abandoned(&self, keys: &[Arc<str>]) -> Vec<Abandoned> {
@@ -126,7 +127,7 @@ impl Undos {
             }
         }
         holds.sort_unstable_by_key(|(id, _)| std::cmp::Reverse(*id));
-        holds.truncate(MAX_ABANDONED);
+        holds.truncate(timing::MAX_ABANDONED);
         holds.into_iter().map(|(_, hold)| hold).collect()
     }
 
@@ -168,9 +169,6 @@ pub(crate) struct Abandoned {
     pub(crate) token: Arc<str>,
     pub(crate) tombstone: Arc<str>,
 }
-
-/// The most abandoned tokens an acquisition carries.
-const MAX_ABANDONED: usize = 16;
 
 /// A registration, removed when dropped (with the undos' driving task).
 #[derive(Debug)]

@@ -16,6 +16,7 @@
 //! policy bounds the wait as it would have with attempts of its own, and an error it gives
 //! up with is a real attempt's (or says that this client holds the lock).
 
+use crate::timing;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,10 +26,7 @@ use crate::retry::{self, Retry};
 
 use super::Core;
 use super::notify::ReleaseWatch;
-use super::queue::{Outcome, Request, STALL, Ticket, Turn};
-
-/// How many quick retries a lost split gets per release.
-const SPLIT_RETRIES: u32 = 3;
+use super::queue::{Outcome, Request, Ticket, Turn};
 
 /// Runs `attempt` until it succeeds, fails for good, or `retry` gives up; between attempts,
 /// waits for a release of the first key of `request` (what the attempts ask for), a call of
@@ -63,7 +61,7 @@ where
     let mut releases: Option<ReleaseWatch> = None;
     // A round's bound, for an attempt of the line another waiter is making: past it, that
     // waiter stalled (its runtime blocked), and this one attempts itself.
-    let patience = core.config.node_timeout.saturating_add(STALL);
+    let patience = core.config.node_timeout.saturating_add(timing::STALL);
     loop {
         let turn = match ticket.as_deref_mut() {
             // Every tick after a shutdown began is an attempt, which answers `Shutdown`.
@@ -129,7 +127,7 @@ where
         if let Some(took) = attempted
             && woken
             && err.granted() > 0
-            && splits < SPLIT_RETRIES
+            && splits < timing::SPLIT_RETRIES
         {
             // Some nodes said yes: another waiter woken by the same release split the
             // votes. Try again at once, but not in lockstep with it.

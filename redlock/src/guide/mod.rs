@@ -19,6 +19,9 @@ pub mod semaphore {}
 #[doc = include_str!("order.md")]
 pub mod order {}
 
+#[doc = include_str!("engine.md")]
+pub mod engine {}
+
 #[doc = include_str!("configuration.md")]
 pub mod configuration {}
 

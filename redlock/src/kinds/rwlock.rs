@@ -2,8 +2,8 @@
 //!
 //! Layout, writer preference, limits and the safety argument: [`crate::guide::kinds`].
 
+use crate::timing;
 use std::sync::Arc;
-use std::time::Duration;
 
 use redis::Value;
 
@@ -17,9 +17,6 @@ use crate::node::Reply;
 use crate::quorum::MAX_TTL;
 use crate::retry::Retry;
 use crate::token;
-
-/// The shortest intent lifetime, whatever the retry policy.
-const MIN_INTENT: Duration = Duration::from_millis(50);
 
 /// Whether a waiting writer blocks new readers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -57,7 +54,7 @@ impl Intent {
         let pause = retry.delay().saturating_add(retry.jitter());
         let gap = pause.saturating_mul(2).saturating_add(config.node_timeout.saturating_mul(4));
         // Bounded like a lease, so that the node's expiry arithmetic stays exact.
-        let ms = gap.clamp(MIN_INTENT, MAX_TTL).as_millis();
+        let ms = gap.clamp(timing::MIN_INTENT, MAX_TTL).as_millis();
         let field = format!("i:{}", token::generate()).into();
         // An attempt goes out within a connect timeout, is stamped at most two node
         // timeouts later (with a re-send), plus its clock's error (at most a second while
@@ -224,6 +221,8 @@ impl WriteLock {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use crate::engine::protocol::testing::reply;
 

@@ -214,3 +214,53 @@ async fn a_refused_attempt_whose_slow_connect_opens_after_the_round_leaves_no_ke
     // The acquisition did land there: the clean-up had something to undo.
     assert!(common::create_calls(node) >= 1, "the slow node never ran the SET: {seen:?}");
 }
+
+/// The client's connections to node `i` as the node lists them: ordinary clients (not
+/// pub/sub), not the one asking.
+fn connections_to(cluster: &redlock_testkit::Cluster, i: usize) -> usize {
+    let list: String =
+        redis::cmd("CLIENT").arg("LIST").query(&mut cluster.node(i).connection().unwrap()).unwrap();
+    list.lines()
+        .filter(|line| line.contains(" flags=N ") && !line.contains("cmd=client|list"))
+        .count()
+}
+
+/// Requests go out on a connection driven where their caller runs (no thread crossed on
+/// the way out or back): each multi-thread runtime that uses a client gets its own
+/// connection to every node, and a runtime's connections close when it ends, however many
+/// runtimes come and go.
+#[test]
+fn each_multi_thread_runtime_has_its_own_connections_closed_when_it_ends() {
+    let cluster = common::cluster(3);
+    let rl = common::client(&cluster);
+    let each_node_has = |n: usize| {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let counts: Vec<usize> =
+                (0..cluster.len()).map(|i| connections_to(&cluster, i)).collect();
+            if counts.iter().all(|&count| count == n) || Instant::now() >= deadline {
+                return counts;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let lock_and_release = |runtime: &tokio::runtime::Runtime, key: &'static str| {
+        runtime.block_on(async { rl.try_lock(key).await.unwrap().release().await.unwrap() });
+    };
+    let a = common::runtimes::multi_thread(2);
+    lock_and_release(&a, "a");
+    assert_eq!(each_node_has(1), [1, 1, 1], "one connection per node for runtime a");
+    let b = common::runtimes::multi_thread(2);
+    lock_and_release(&b, "b");
+    assert_eq!(each_node_has(2), [2, 2, 2], "runtime b has connections of its own");
+    drop(a);
+    assert_eq!(each_node_has(1), [1, 1, 1], "runtime a's connections closed with it");
+    for _ in 0..5 {
+        let short = common::runtimes::multi_thread(1);
+        lock_and_release(&short, "short");
+        drop(short);
+    }
+    assert_eq!(each_node_has(1), [1, 1, 1], "short-lived runtimes leave no connection");
+    lock_and_release(&b, "b");
+    assert_eq!(each_node_has(1), [1, 1, 1], "runtime b still uses its own");
+}

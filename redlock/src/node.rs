@@ -52,6 +52,10 @@ pub(crate) enum Failure {
     Server { code: Arc<str>, message: Arc<str> },
 }
 
+/// Why a connect failed when it panicked: Tokio panics when a runtime without I/O opens a
+/// socket, and nothing else in a connect does.
+const NO_IO: &str = "the connect panicked: a runtime without I/O (built without `enable_io`)";
+
 impl Failure {
     fn from_redis(err: &RedisError) -> Self {
         match err.code() {
@@ -182,6 +186,9 @@ struct Lane {
     /// only among the runtimes still running).
     serial: u64,
     state: State,
+    /// The runtime has no I/O driver (built without `enable_io`): a connect there panicked,
+    /// and its callers use the own thread's connection instead.
+    no_io: bool,
     /// Dropped with the lane: ends the task that removes it when its runtime ends.
     _watched: oneshot::Sender<()>,
 }
@@ -198,11 +205,13 @@ struct Lanes {
     runtimes: Vec<Lane>,
 }
 
-impl Lanes {
-    fn new() -> Self {
+impl Default for Lanes {
+    fn default() -> Self {
         Self { started: 0, made: 0, own: State::Idle, runtimes: Vec::new() }
     }
+}
 
+impl Lanes {
     fn state(&mut self, place: Place) -> Option<&mut State> {
         self.counted(place).map(|(_, state)| state)
     }
@@ -213,7 +222,10 @@ impl Lanes {
         let Self { started, own, runtimes, .. } = self;
         let state = match place {
             Place::Own => own,
-            Place::Runtime(id) => &mut runtimes.iter_mut().find(|lane| lane.runtime == id)?.state,
+            Place::Runtime(id) => match runtimes.iter_mut().find(|lane| lane.runtime == id)? {
+                lane if lane.no_io => own,
+                lane => &mut lane.state,
+            },
         };
         Some((started, state))
     }
@@ -223,20 +235,59 @@ impl Lanes {
     }
 }
 
+/// A node's connections, and what their connects found.
+#[derive(Default)]
+struct Connections {
+    lanes: Mutex<Lanes>,
+    /// The generation of the newest connection that opened (0: none ever did).
+    opened: AtomicU64,
+    /// The last connect failed (refused, timed out, a certificate or login refused): the
+    /// next one is waited for no longer than a request's node timeout, so that a node that
+    /// swallows connections costs each round at most one connect timeout per outage.
+    connect_failed: AtomicBool,
+}
+
+impl Connections {
+    /// Records how the connect of `place`'s connection numbered `generation` ended: by the
+    /// connect's task as soon as it ends (a connect nobody waits for any more still leaves
+    /// its connection ready), and again by whoever waited for it (the task may have been
+    /// dropped unfinished, with its runtime).
+    fn settle(
+        &self,
+        place: Place,
+        generation: u64,
+        result: &Result<MultiplexedConnection, Failure>,
+    ) {
+        let mut lanes = lock_ignoring_poison(&self.lanes);
+        if result.is_ok() {
+            self.opened.fetch_max(generation, Ordering::AcqRel);
+        }
+        if let Some(state) = lanes.state(place)
+            && matches!(state, State::Connecting { generation: g, .. } if *g == generation)
+        {
+            self.connect_failed.store(result.is_err(), Ordering::Relaxed);
+            *state = match result {
+                Ok(connection) => State::Ready { generation, connection: connection.clone() },
+                Err(_) => State::Idle,
+            };
+        }
+    }
+}
+
 /// Removes a runtime's lane once the runtime ends: held by a task on that runtime, which
 /// the runtime drops when it shuts down (and which ends by itself when the lane goes).
 /// The lane's connection then has no driver: keeping it would leak it.
 struct Watch {
-    lanes: Weak<Mutex<Lanes>>,
+    connections: Weak<Connections>,
     runtime: RuntimeId,
     serial: u64,
 }
 
 impl Drop for Watch {
     fn drop(&mut self) {
-        let Some(lanes) = self.lanes.upgrade() else { return };
+        let Some(connections) = self.connections.upgrade() else { return };
         let gone = {
-            let mut lanes = lock_ignoring_poison(&lanes);
+            let mut lanes = lock_ignoring_poison(&connections.lanes);
             let at = lanes
                 .runtimes
                 .iter()
@@ -263,8 +314,11 @@ pub(crate) struct Node {
     client: Client,
     connect_timeout: Duration,
     tasks: Arc<Tasks>,
-    /// Shared with the tasks that remove the lanes of runtimes that ended.
-    lanes: Arc<Mutex<Lanes>>,
+    /// Shared with the connect tasks, which record what they opened, and with the tasks
+    /// that remove the lanes of runtimes that ended.
+    connections: Arc<Connections>,
+    /// Whether multi-thread runtimes get connections of their own (see [`Place`]).
+    per_runtime: bool,
     /// Zero when restart quarantine is off.
     quarantine: Duration,
     /// When the quarantine of the node's current process ends, as of the last connect.
@@ -283,12 +337,6 @@ pub(crate) struct Node {
     hung_until: AtomicU64,
     /// What `late_until` and `hung_until` count from.
     epoch: Instant,
-    /// The generation of the newest connection that opened (0: none ever did).
-    opened: AtomicU64,
-    /// The last connect failed (refused, timed out, a certificate or login refused): the
-    /// next one is waited for no longer than a request's node timeout, so that a node that
-    /// swallows connections costs each round at most one connect timeout per outage.
-    connect_failed: AtomicBool,
     /// The server processes the client's nodes reached, shared by all of them.
     servers: Arc<server::Servers>,
     /// The node's clock as last read (`TIME` when a connection opens, and again when the
@@ -369,21 +417,27 @@ impl Node {
             client,
             connect_timeout,
             tasks,
-            lanes: Arc::new(Mutex::new(Lanes::new())),
+            connections: Arc::default(),
+            per_runtime: true,
             quarantine,
             quarantined_until: Arc::default(),
             notify_refused: AtomicBool::new(false),
             late_until: AtomicU64::new(0),
             hung_until: AtomicU64::new(0),
             epoch: crate::clock::now(),
-            opened: AtomicU64::new(0),
-            connect_failed: AtomicBool::new(false),
             servers,
             clock: Arc::default(),
             reading_clock: Arc::default(),
             widest_error: AtomicU64::new(0),
             clock_failed_at: AtomicU64::new(0),
         }
+    }
+
+    /// With `false`, every request goes out on the client's own thread's connection, as
+    /// from a current-thread runtime (see [`Place`]).
+    pub(crate) fn connections_per_runtime(mut self, on: bool) -> Self {
+        self.per_runtime = on;
+        self
     }
 
     /// The deadline, in the node's milliseconds, of a request sent now that its sender
@@ -467,7 +521,7 @@ impl Node {
         let (clock, reading) = (self.clock.clone(), self.reading_clock.clone());
         let timeout = self.connect_timeout;
         // Where the connection's driver runs: the reading then crosses no thread either.
-        let task = self.spawn_in(Place::here(), async move {
+        let task = self.spawn_in(self.place(), async move {
             let mut connection = handle.connection;
             if let Ok(Ok(fresh)) = tokio::time::timeout(timeout, read_clock(&mut connection)).await
             {
@@ -515,7 +569,7 @@ impl Node {
     /// none did and none is opening (every connect since failed: a refused certificate, a
     /// wrong password, nothing listening), nothing made since then left the client.
     pub(crate) fn may_have_reached(&self, generation: u64) -> bool {
-        self.opened.load(Ordering::Acquire) >= generation.max(1)
+        self.connections.opened.load(Ordering::Acquire) >= generation.max(1)
             || self.lock_lanes().states().any(|state| matches!(state, State::Connecting { .. }))
     }
 
@@ -601,7 +655,7 @@ impl Node {
     /// costs a caller one connect timeout per outage, not one per request). `Err` when the
     /// connect it waited for failed: nothing was sent.
     pub(crate) async fn connect_first(&self) -> Result<(), Failure> {
-        if self.ready().is_some() || self.connect_failed.load(Ordering::Relaxed) {
+        if self.ready().is_some() || self.connections.connect_failed.load(Ordering::Relaxed) {
             return Ok(());
         }
         self.open_now().await
@@ -722,7 +776,7 @@ impl Node {
 
     /// The caller's connection if it is open: the common case, with nothing to wait for.
     fn ready(&self) -> Option<Handle> {
-        match self.lock_lanes().state(Place::here()) {
+        match self.lock_lanes().state(self.place()) {
             Some(State::Ready { generation, connection }) => Some(Handle {
                 generation: *generation,
                 connection: connection.clone(),
@@ -736,7 +790,7 @@ impl Node {
     /// Concurrent callers wait on the same connect, each under its own timeout, never one
     /// after another.
     async fn connection(&self) -> Result<Handle, Failure> {
-        let place = Place::here();
+        let place = self.place();
         let mut watch = None;
         let (generation, future) = {
             let mut guard = self.lock_lanes();
@@ -751,16 +805,19 @@ impl Node {
                     runtime,
                     serial,
                     state: State::Idle,
+                    no_io: false,
                     _watched: watched,
                 });
-                watch =
-                    Some((Watch { lanes: Arc::downgrade(&self.lanes), runtime, serial }, ended));
+                watch = Some((
+                    Watch { connections: Arc::downgrade(&self.connections), runtime, serial },
+                    ended,
+                ));
             }
             let Some((started, state)) = lanes.counted(place) else {
                 // Made above if it was missing.
                 return Err(Failure::Unreachable("no connection for this runtime".into()));
             };
-            match state {
+            let connecting = match state {
                 State::Ready { generation, connection } => {
                     return Ok(Handle {
                         generation: *generation,
@@ -771,11 +828,21 @@ impl Node {
                 State::Connecting { generation, future } => (*generation, future.clone()),
                 State::Idle => {
                     *started += 1;
-                    let future = self.connect(place);
+                    let future = self.connect(place, *started);
                     *state = State::Connecting { generation: *started, future: future.clone() };
                     (*started, future)
                 }
+            };
+            if place != Place::Own && matches!(lanes.own, State::Idle) {
+                // The own thread's too, in the background: its work (an auto-extension,
+                // the undos of a runtime that ends) then finds it open, as do callers on
+                // current-thread runtimes, instead of paying a connect (several round
+                // trips) when it matters.
+                lanes.started += 1;
+                let future = self.connect(Place::Own, lanes.started);
+                lanes.own = State::Connecting { generation: lanes.started, future };
             }
+            connecting
         };
         if let Some((watch, ended)) = watch {
             // Not counted as the client's work: it lasts as long as the runtime or the
@@ -789,20 +856,24 @@ impl Node {
             }
         }
         let result = future.await;
-        if result.is_ok() {
-            self.opened.fetch_max(generation, Ordering::AcqRel);
-        }
-        self.connect_failed.store(result.is_err(), Ordering::Relaxed);
-        let mut guard = self.lock_lanes();
-        if let Some(state) = guard.state(place)
-            && matches!(state, State::Connecting { generation: g, .. } if *g == generation)
+        self.connections.settle(place, generation, &result);
+        if let (Err(Failure::Unreachable(why)), Place::Runtime(runtime)) = (&result, place)
+            && **why == *NO_IO
         {
-            *state = match &result {
-                Ok(connection) => State::Ready { generation, connection: connection.clone() },
-                Err(_) => State::Idle,
-            };
+            if let Some(lane) =
+                self.lock_lanes().runtimes.iter_mut().find(|lane| lane.runtime == runtime)
+            {
+                lane.no_io = true;
+            }
+            tracing::warn!(
+                target: "redlock",
+                node = &*self.name,
+                "a multi-thread runtime without I/O (built without `enable_io`): its requests \
+                 go out on the client's own thread (turn `connections_per_runtime` off to \
+                 spare the panic of the first connect)"
+            );
+            return Box::pin(self.connection()).await;
         }
-        drop(guard);
         result.map(|connection| Handle { generation, connection, fresh: true })
     }
 
@@ -811,30 +882,41 @@ impl Node {
     /// that happened to open it while others use it, nor stall while its runtime is idle
     /// (a synchronous wrapper that calls `block_on` now and then): each place has its own,
     /// and current-thread runtimes use the own thread's (see [`Place`]).
-    fn connect(&self, place: Place) -> Connecting {
+    fn connect(&self, place: Place, generation: u64) -> Connecting {
         let client = self.client.clone();
         let timeout = self.connect_timeout;
         let (quarantine, quarantined_until) = (self.quarantine, self.quarantined_until.clone());
         let (servers, name) = (self.servers.clone(), self.name.clone());
-        let clock = self.clock.clone();
+        let (clock, connections) = (self.clock.clone(), self.connections.clone());
         let task = self.spawn_in(place, async move {
             let seen = Seen { servers: &servers, name: &name };
             let open = open(&client, timeout, quarantine, &quarantined_until, seen, &clock);
-            match tokio::time::timeout(timeout, open).await {
+            let result = match tokio::time::timeout(timeout, open).await {
                 Ok(result) => result,
                 Err(_) => Err(Failure::ConnectTimedOut),
-            }
+            };
+            connections.settle(place, generation, &result);
+            result
         });
         async move {
             match task {
-                Some(task) => task.await.unwrap_or_else(|_| {
-                    Err(Failure::Unreachable("the connect was cancelled".into()))
+                Some(task) => task.await.unwrap_or_else(|err| {
+                    Err(if err.is_panic() {
+                        Failure::Unreachable(NO_IO.into())
+                    } else {
+                        Failure::Unreachable("the connect was cancelled".into())
+                    })
                 }),
                 None => Err(Failure::Unreachable("no runtime to connect on".into())),
             }
         }
         .boxed()
         .shared()
+    }
+
+    /// Where the caller's requests go out.
+    fn place(&self) -> Place {
+        if self.per_runtime { Place::here() } else { Place::Own }
     }
 
     /// Runs `task` in `place`: on the caller's runtime, or on the client's own thread.
@@ -863,7 +945,7 @@ impl Node {
     }
 
     fn lock_lanes(&self) -> MutexGuard<'_, Lanes> {
-        lock_ignoring_poison(&self.lanes)
+        lock_ignoring_poison(&self.connections.lanes)
     }
 }
 

@@ -212,6 +212,18 @@ impl Default for Lanes {
 }
 
 impl Lanes {
+    /// Where `place`'s requests go out: the own thread's for a runtime without I/O.
+    fn resolve(&self, place: Place) -> Place {
+        match place {
+            Place::Runtime(id)
+                if self.runtimes.iter().any(|lane| lane.runtime == id && lane.no_io) =>
+            {
+                Place::Own
+            }
+            place => place,
+        }
+    }
+
     fn state(&mut self, place: Place) -> Option<&mut State> {
         self.counted(place).map(|(_, state)| state)
     }
@@ -790,11 +802,12 @@ impl Node {
     /// Concurrent callers wait on the same connect, each under its own timeout, never one
     /// after another.
     async fn connection(&self) -> Result<Handle, Failure> {
-        let place = self.place();
+        let mut place = self.place();
         let mut watch = None;
         let (generation, future) = {
             let mut guard = self.lock_lanes();
             let lanes = &mut *guard;
+            place = lanes.resolve(place);
             if let Place::Runtime(runtime) = place
                 && lanes.state(place).is_none()
             {
@@ -833,15 +846,6 @@ impl Node {
                     (*started, future)
                 }
             };
-            if place != Place::Own && matches!(lanes.own, State::Idle) {
-                // The own thread's too, in the background: its work (an auto-extension,
-                // the undos of a runtime that ends) then finds it open, as do callers on
-                // current-thread runtimes, instead of paying a connect (several round
-                // trips) when it matters.
-                lanes.started += 1;
-                let future = self.connect(Place::Own, lanes.started);
-                lanes.own = State::Connecting { generation: lanes.started, future };
-            }
             connecting
         };
         if let Some((watch, ended)) = watch {
@@ -857,6 +861,9 @@ impl Node {
         }
         let result = future.await;
         self.connections.settle(place, generation, &result);
+        if result.is_ok() && place != Place::Own {
+            self.open_own();
+        }
         if let (Err(Failure::Unreachable(why)), Place::Runtime(runtime)) = (&result, place)
             && **why == *NO_IO
         {
@@ -912,6 +919,20 @@ impl Node {
         }
         .boxed()
         .shared()
+    }
+
+    /// Opens the own thread's connection in the background if it has none, once a
+    /// runtime's opened: the own thread's work (an auto-extension, the undos of a runtime
+    /// that ends) then finds it open, as do callers on current-thread runtimes, instead of
+    /// paying a connect (several round trips) when it matters. Not where connects fail (a
+    /// refused certificate): that would double the handshakes.
+    fn open_own(&self) {
+        let mut lanes = self.lock_lanes();
+        if matches!(lanes.own, State::Idle) {
+            lanes.started += 1;
+            let future = self.connect(Place::Own, lanes.started);
+            lanes.own = State::Connecting { generation: lanes.started, future };
+        }
     }
 
     /// Where the caller's requests go out.

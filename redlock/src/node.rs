@@ -830,7 +830,7 @@ impl Node {
                 // Made above if it was missing.
                 return Err(Failure::Unreachable("no connection for this runtime".into()));
             };
-            let connecting = match state {
+            match state {
                 State::Ready { generation, connection } => {
                     return Ok(Handle {
                         generation: *generation,
@@ -845,8 +845,7 @@ impl Node {
                     *state = State::Connecting { generation: *started, future: future.clone() };
                     (*started, future)
                 }
-            };
-            connecting
+            }
         };
         if let Some((watch, ended)) = watch {
             // Not counted as the client's work: it lasts as long as the runtime or the

@@ -284,3 +284,34 @@ fn a_runtime_without_io_still_locks_through_the_clients_own_thread() {
         }
     });
 }
+
+/// A multi-thread runtime kept between calls (a synchronous wrapper's, entered with
+/// `block_on` per call) drives its connections while no call runs: what a call left to
+/// the background (an acquisition's and a release's slowest node) still goes out and is
+/// answered without another call.
+#[test]
+fn a_sync_wrappers_multi_thread_runtime_finishes_its_requests_between_calls() {
+    let faulty = FaultyCluster::start(3).unwrap();
+    let rl = common::builder_for(faulty.urls(), Duration::from_millis(500)).build().unwrap();
+    let runtime = common::runtimes::multi_thread(2);
+    runtime.block_on(async { rl.try_lock("warm").await.unwrap().release().await.unwrap() });
+    faulty.proxy(2).set_fault(common::latency(100));
+    let lock = runtime.block_on(async { rl.try_lock("k").await.unwrap() });
+    let token = lock.token().to_owned();
+    let holding = |n: usize| {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let on = faulty.cluster().nodes_holding("k", &token).len();
+            if on == n || Instant::now() >= deadline {
+                return on;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    assert_eq!(holding(3), 3, "the acquisition's slowest node, while no call runs");
+    let started = Instant::now();
+    runtime.block_on(async { lock.release().await.unwrap() });
+    assert!(started.elapsed() < Duration::from_millis(200), "the release waited for node 2");
+    assert_eq!(holding(0), 0, "the release's slowest node, while no call runs");
+    faulty.proxy(2).heal();
+}

@@ -32,6 +32,7 @@ impl Redlock {
 /// - `retry`: [`Retry::default()`]
 /// - `key_prefix`: none (the key is the resource name)
 /// - `restart_quarantine`: off (`Duration::ZERO`)
+/// - `connections_per_runtime`: on
 /// - TLS (`rediss://` nodes, with a TLS feature): the system's root certificates (with
 ///   `tls-rustls-webpki-roots`, the Mozilla roots), no client certificate
 ///
@@ -65,6 +66,7 @@ pub struct RedlockBuilder {
     key_prefix: String,
     restart_quarantine: Duration,
     owner_label: Option<String>,
+    connections_per_runtime: bool,
 }
 
 impl Default for RedlockBuilder {
@@ -80,6 +82,7 @@ impl Default for RedlockBuilder {
             key_prefix: String::new(),
             restart_quarantine: Duration::ZERO,
             owner_label: None,
+            connections_per_runtime: true,
         }
     }
 }
@@ -96,6 +99,7 @@ impl std::fmt::Debug for RedlockBuilder {
             .field("retry", &self.retry)
             .field("key_prefix", &self.key_prefix)
             .field("restart_quarantine", &self.restart_quarantine)
+            .field("connections_per_runtime", &self.connections_per_runtime)
             .finish()
     }
 }
@@ -212,6 +216,20 @@ impl RedlockBuilder {
         self
     }
 
+    /// Whether each multi-thread Tokio runtime that uses the client gets a connection of its
+    /// own to every node, opened there on first use and closed when the runtime ends, so
+    /// that its requests cross no thread (about a quarter of an uncontended lock's
+    /// latency). The client's own thread keeps one for its background work and for callers
+    /// on current-thread runtimes, which run only while their `block_on` does.
+    ///
+    /// On by default. Turn it off for a multi-thread runtime built without `enable_io`:
+    /// Tokio panics when such a runtime opens a socket, and the client then falls back to
+    /// its own thread's connection after one caught panic per node.
+    pub fn connections_per_runtime(mut self, on: bool) -> Self {
+        self.connections_per_runtime = on;
+        self
+    }
+
     /// Trusts the CA certificate(s) in `pem` (PEM, one or more certificates) for every
     /// `rediss://` node, besides the default roots.
     #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
@@ -280,7 +298,8 @@ impl RedlockBuilder {
                 config.restart_quarantine,
                 tasks.clone(),
                 servers.clone(),
-            );
+            )
+            .connections_per_runtime(self.connections_per_runtime);
             if !seen.insert(node.address()) {
                 // Counting one master twice (even as two databases) would give one process
                 // two votes.

@@ -1,27 +1,35 @@
-//! One Redis master: a lazily opened multiplexed connection, shared by every caller,
-//! re-opened after it breaks.
+//! One Redis master: lazily opened multiplexed connections, one per place a caller runs in,
+//! each shared by every caller there and re-opened after it breaks.
 //!
-//! Ordering matters for safety: commands sent over one multiplexed connection reach the
-//! server in the order they were queued, so a release queued after a `SET` that has not
-//! been answered yet (a hung node) is processed after that `SET` once the node wakes up.
-//! A request that was queued runs even if its caller stops waiting for the reply; one that
-//! was not queued yet (its connection still opening) never runs once dropped.
+//! A request goes out on a connection whose driver (the redis-rs task that writes and reads
+//! the socket) runs where its caller does, so that it crosses no thread: each multi-thread
+//! runtime that uses the client gets its own connection to each node, opened on first use
+//! there and dropped when that runtime ends; the client's own thread has one for its
+//! background work and for every caller whose runtime may sit idle (see [`Place`]). Nothing
+//! orders one connection's requests with another's, and nothing needs to: every create
+//! carries a deadline in the node's clock and respects its token's tombstone, and every
+//! undo leaves one (see the guide's order page), so a request may reach a node before,
+//! after or without the requests it undoes, on any connection.
 //!
-//! Requests carry no timer: callers bound them. Connections are opened by a task, so that a
-//! connect shared by callers on several runtimes never outlives the runtime polling it.
-//! A connect is bounded by the connect timeout, and a caller may wait for it first
-//! ([`Node::connect_first`]) so that its own timer covers only its exchange with the node:
-//! a cold start over a slow link (TCP, TLS, `SCRIPT LOAD`, `INFO`: several round trips)
-//! does not eat the node timeout of the first request.
+//! Requests carry no timer: callers bound them. A connect is bounded by the connect
+//! timeout, and a caller may wait for it first ([`Node::connect_first`]) so that its own
+//! timer covers only its exchange with the node: a cold start over a slow link (TCP, TLS,
+//! `SCRIPT LOAD`, `TIME`, `INFO`: several round trips) does not eat the node timeout of the
+//! first request. Every new connection reads the node's clock and its `INFO server` before
+//! it is used (restart quarantine, the server check).
 
 use std::borrow::Cow;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use futures::future::{BoxFuture, FutureExt, Shared};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, Cmd, RedisError, Value};
+use tokio::runtime::{Handle as Runtime, Id as RuntimeId, RuntimeFlavor};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 
 use crate::command::{self, Command, Resend};
 use crate::error::NodeOutcome;
@@ -43,6 +51,10 @@ pub(crate) enum Failure {
     /// The node answered with an error reply.
     Server { code: Arc<str>, message: Arc<str> },
 }
+
+/// Why a connect failed when it panicked: Tokio panics when a runtime without I/O opens a
+/// socket, and nothing else in a connect does.
+const NO_IO: &str = "the connect panicked: a runtime without I/O (built without `enable_io`)";
 
 impl Failure {
     fn from_redis(err: &RedisError) -> Self {
@@ -139,6 +151,166 @@ enum State {
     Ready { generation: u64, connection: MultiplexedConnection },
 }
 
+/// Where a connection's driver (the redis-rs task that writes and reads its socket) runs,
+/// and so which requests use it: a request goes out on a connection driven where its
+/// caller runs, so that it crosses no thread on its way out nor on its way back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Place {
+    /// The client's own thread: its background work (auto-extension, undos handed over
+    /// from a runtime that ended, locks dropped outside any runtime), callers outside any
+    /// runtime, and current-thread runtimes. A current-thread runtime runs its tasks only
+    /// while its `block_on` does: a synchronous wrapper that calls it now and then would
+    /// leave what a call queued last (a release's slowest nodes, handed to the background
+    /// at the quorum) unwritten until its next call.
+    Own,
+    /// A multi-thread runtime: its workers drive the connection whatever its callers do.
+    Runtime(RuntimeId),
+}
+
+impl Place {
+    /// Where the caller runs.
+    fn here() -> Self {
+        match Runtime::try_current() {
+            Ok(runtime) if runtime.runtime_flavor() == RuntimeFlavor::MultiThread => {
+                Self::Runtime(runtime.id())
+            }
+            _ => Self::Own,
+        }
+    }
+}
+
+/// A multi-thread runtime's connection to the node.
+struct Lane {
+    runtime: RuntimeId,
+    /// Tells this lane from a later one of a runtime that got the same id (ids are unique
+    /// only among the runtimes still running).
+    serial: u64,
+    state: State,
+    /// The runtime has no I/O driver (built without `enable_io`): a connect there panicked,
+    /// and its callers use the own thread's connection instead.
+    no_io: bool,
+    /// Dropped with the lane: ends the task that removes it when its runtime ends.
+    _watched: oneshot::Sender<()>,
+}
+
+/// Every connection of a node: one per place.
+struct Lanes {
+    /// Connections started so far, in every place: each one's generation.
+    started: u64,
+    /// Lanes made so far: each one's serial.
+    made: u64,
+    own: State,
+    /// One per multi-thread runtime that sent something to the node and still runs: a
+    /// service has one or two.
+    runtimes: Vec<Lane>,
+}
+
+impl Default for Lanes {
+    fn default() -> Self {
+        Self { started: 0, made: 0, own: State::Idle, runtimes: Vec::new() }
+    }
+}
+
+impl Lanes {
+    /// Where `place`'s requests go out: the own thread's for a runtime without I/O.
+    fn resolve(&self, place: Place) -> Place {
+        match place {
+            Place::Runtime(id)
+                if self.runtimes.iter().any(|lane| lane.runtime == id && lane.no_io) =>
+            {
+                Place::Own
+            }
+            place => place,
+        }
+    }
+
+    fn state(&mut self, place: Place) -> Option<&mut State> {
+        self.counted(place).map(|(_, state)| state)
+    }
+
+    /// `place`'s connection state with the count of connections started, to number a new
+    /// one; `None` for a runtime that has no lane yet.
+    fn counted(&mut self, place: Place) -> Option<(&mut u64, &mut State)> {
+        let Self { started, own, runtimes, .. } = self;
+        let state = match place {
+            Place::Own => own,
+            Place::Runtime(id) => match runtimes.iter_mut().find(|lane| lane.runtime == id)? {
+                lane if lane.no_io => own,
+                lane => &mut lane.state,
+            },
+        };
+        Some((started, state))
+    }
+
+    fn states(&mut self) -> impl Iterator<Item = &mut State> {
+        std::iter::once(&mut self.own).chain(self.runtimes.iter_mut().map(|lane| &mut lane.state))
+    }
+}
+
+/// A node's connections, and what their connects found.
+#[derive(Default)]
+struct Connections {
+    lanes: Mutex<Lanes>,
+    /// The generation of the newest connection that opened (0: none ever did).
+    opened: AtomicU64,
+    /// The last connect failed (refused, timed out, a certificate or login refused): the
+    /// next one is waited for no longer than a request's node timeout, so that a node that
+    /// swallows connections costs each round at most one connect timeout per outage.
+    connect_failed: AtomicBool,
+}
+
+impl Connections {
+    /// Records how the connect of `place`'s connection numbered `generation` ended: by the
+    /// connect's task as soon as it ends (a connect nobody waits for any more still leaves
+    /// its connection ready), and again by whoever waited for it (the task may have been
+    /// dropped unfinished, with its runtime).
+    fn settle(
+        &self,
+        place: Place,
+        generation: u64,
+        result: &Result<MultiplexedConnection, Failure>,
+    ) {
+        let mut lanes = lock_ignoring_poison(&self.lanes);
+        if result.is_ok() {
+            self.opened.fetch_max(generation, Ordering::AcqRel);
+        }
+        if let Some(state) = lanes.state(place)
+            && matches!(state, State::Connecting { generation: g, .. } if *g == generation)
+        {
+            self.connect_failed.store(result.is_err(), Ordering::Relaxed);
+            *state = match result {
+                Ok(connection) => State::Ready { generation, connection: connection.clone() },
+                Err(_) => State::Idle,
+            };
+        }
+    }
+}
+
+/// Removes a runtime's lane once the runtime ends: held by a task on that runtime, which
+/// the runtime drops when it shuts down (and which ends by itself when the lane goes).
+/// The lane's connection then has no driver: keeping it would leak it.
+struct Watch {
+    connections: Weak<Connections>,
+    runtime: RuntimeId,
+    serial: u64,
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let Some(connections) = self.connections.upgrade() else { return };
+        let gone = {
+            let mut lanes = lock_ignoring_poison(&connections.lanes);
+            let at = lanes
+                .runtimes
+                .iter()
+                .position(|lane| lane.runtime == self.runtime && lane.serial == self.serial);
+            at.map(|at| lanes.runtimes.swap_remove(at))
+        };
+        // Outside the lock: dropping a lane ends this very task's wait.
+        drop(gone);
+    }
+}
+
 /// A connection and the generation that identifies it, so that a caller who saw it fail
 /// only discards that very connection, never a newer one.
 #[derive(Clone)]
@@ -154,7 +326,11 @@ pub(crate) struct Node {
     client: Client,
     connect_timeout: Duration,
     tasks: Arc<Tasks>,
-    state: Mutex<(u64, State)>,
+    /// Shared with the connect tasks, which record what they opened, and with the tasks
+    /// that remove the lanes of runtimes that ended.
+    connections: Arc<Connections>,
+    /// Whether multi-thread runtimes get connections of their own (see [`Place`]).
+    per_runtime: bool,
     /// Zero when restart quarantine is off.
     quarantine: Duration,
     /// When the quarantine of the node's current process ends, as of the last connect.
@@ -173,12 +349,6 @@ pub(crate) struct Node {
     hung_until: AtomicU64,
     /// What `late_until` and `hung_until` count from.
     epoch: Instant,
-    /// The generation of the newest connection that opened (0: none ever did).
-    opened: AtomicU64,
-    /// The last connect failed (refused, timed out, a certificate or login refused): the
-    /// next one is waited for no longer than a request's node timeout, so that a node that
-    /// swallows connections costs each round at most one connect timeout per outage.
-    connect_failed: AtomicBool,
     /// The server processes the client's nodes reached, shared by all of them.
     servers: Arc<server::Servers>,
     /// The node's clock as last read (`TIME` when a connection opens, and again when the
@@ -259,21 +429,27 @@ impl Node {
             client,
             connect_timeout,
             tasks,
-            state: Mutex::new((0, State::Idle)),
+            connections: Arc::default(),
+            per_runtime: true,
             quarantine,
             quarantined_until: Arc::default(),
             notify_refused: AtomicBool::new(false),
             late_until: AtomicU64::new(0),
             hung_until: AtomicU64::new(0),
             epoch: crate::clock::now(),
-            opened: AtomicU64::new(0),
-            connect_failed: AtomicBool::new(false),
             servers,
             clock: Arc::default(),
             reading_clock: Arc::default(),
             widest_error: AtomicU64::new(0),
             clock_failed_at: AtomicU64::new(0),
         }
+    }
+
+    /// With `false`, every request goes out on the client's own thread's connection, as
+    /// from a current-thread runtime (see [`Place`]).
+    pub(crate) fn connections_per_runtime(mut self, on: bool) -> Self {
+        self.per_runtime = on;
+        self
     }
 
     /// The deadline, in the node's milliseconds, of a request sent now that its sender
@@ -325,7 +501,7 @@ impl Node {
         Duration::from_micros(widest) * 2
     }
 
-    /// Reads the node's clock on its open connection now (for at most `within`), and keeps
+    /// Reads the node's clock on the caller's open connection now (for at most `within`), and keeps
     /// the reading; `None` when that failed, or failed less than [`CLOCK_RESYNC`] ago.
     async fn read_clock_now(&self, within: Duration) -> Option<NodeClock> {
         let now = crate::clock::now();
@@ -347,8 +523,8 @@ impl Node {
         }
     }
 
-    /// Reads the node's clock again on its open connection, in the background (one at a
-    /// time); a reading with a smaller error replaces the old one.
+    /// Reads the node's clock again on the caller's open connection, in the background (one
+    /// at a time); a reading with a smaller error replaces the old one.
     fn read_clock_again(&self) {
         let Some(handle) = self.ready() else { return };
         if self.reading_clock.swap(true, Ordering::AcqRel) {
@@ -356,7 +532,8 @@ impl Node {
         }
         let (clock, reading) = (self.clock.clone(), self.reading_clock.clone());
         let timeout = self.connect_timeout;
-        let task = self.tasks.spawn_own(async move {
+        // Where the connection's driver runs: the reading then crosses no thread either.
+        let task = self.spawn_in(self.place(), async move {
             let mut connection = handle.connection;
             if let Ok(Ok(fresh)) = tokio::time::timeout(timeout, read_clock(&mut connection)).await
             {
@@ -377,20 +554,35 @@ impl Node {
             && lock_ignoring_poison(&self.quarantined_until).is_some_and(|end| Instant::now() < end)
     }
 
-    /// How many connections to the node were started so far: when it changed between two
-    /// requests, they did not go out on one connection, and their order is not kept.
+    /// A mark to give [`Node::may_have_reached`] for a request made now: whether a
+    /// connection that was open then, or opened since, could have carried it. Every place
+    /// (the own thread, each multi-thread runtime) has its connection, and a request made
+    /// in one may be sent again from another, so the mark covers them all: while any
+    /// connection is open, anything made now may reach the node; while none is, only what
+    /// goes out on a connection under way now or started later.
     pub(crate) fn generation(&self) -> u64 {
-        self.lock_state().0
+        let mut lanes = self.lock_lanes();
+        let started = lanes.started;
+        let mut mark = started + 1;
+        for state in lanes.states() {
+            match state {
+                // Already opened: `opened` is at least this.
+                State::Ready { generation, .. } => return *generation,
+                State::Connecting { generation, .. } => mark = mark.min(*generation),
+                State::Idle => {}
+            }
+        }
+        mark
     }
 
-    /// Whether a request made when the connection generation was `generation` may have
-    /// reached the node, or may still: a connection of that generation or a later one
-    /// opened, or one is opening (a request waiting for it goes out once it opens). When
+    /// Whether a request made when [`Node::generation`] said `generation` may have reached
+    /// the node, or may still: a connection of that generation or a later one opened, or
+    /// one is opening, in any place (a request waiting for it goes out once it opens). When
     /// none did and none is opening (every connect since failed: a refused certificate, a
     /// wrong password, nothing listening), nothing made since then left the client.
     pub(crate) fn may_have_reached(&self, generation: u64) -> bool {
-        self.opened.load(Ordering::Acquire) >= generation.max(1)
-            || matches!(self.lock_state().1, State::Connecting { .. })
+        self.connections.opened.load(Ordering::Acquire) >= generation.max(1)
+            || self.lock_lanes().states().any(|state| matches!(state, State::Connecting { .. }))
     }
 
     /// The node's client, for connections of other kinds (pub/sub).
@@ -475,7 +667,7 @@ impl Node {
     /// costs a caller one connect timeout per outage, not one per request). `Err` when the
     /// connect it waited for failed: nothing was sent.
     pub(crate) async fn connect_first(&self) -> Result<(), Failure> {
-        if self.ready().is_some() || self.connect_failed.load(Ordering::Relaxed) {
+        if self.ready().is_some() || self.connections.connect_failed.load(Ordering::Relaxed) {
             return Ok(());
         }
         self.open_now().await
@@ -544,7 +736,7 @@ impl Node {
     /// answered: a cached connection is first asked a `PING`, and replaced if that finds
     /// it closed (a restart, an idle timeout), so that the command itself is never the one
     /// to find out. Whatever happens to the command, it is not sent again: a refusal on
-    /// its first poll is no proof that nothing was written (the driver runs on another
+    /// its first poll is no proof that nothing was written (the driver may run on another
     /// thread, and the caller's can be preempted between queueing the command and waiting
     /// for its reply while the driver writes it and sees the connection drop).
     async fn send_once(&self, cmd: &Cmd) -> Reply {
@@ -594,10 +786,10 @@ impl Node {
         }
     }
 
-    /// The shared connection if it is open: the common case, with nothing to wait for.
+    /// The caller's connection if it is open: the common case, with nothing to wait for.
     fn ready(&self) -> Option<Handle> {
-        match &self.lock_state().1 {
-            State::Ready { generation, connection } => Some(Handle {
+        match self.lock_lanes().state(self.place()) {
+            Some(State::Ready { generation, connection }) => Some(Handle {
                 generation: *generation,
                 connection: connection.clone(),
                 fresh: false,
@@ -606,12 +798,38 @@ impl Node {
         }
     }
 
-    /// The shared connection, opening it if needed. Concurrent callers wait on the same
-    /// connect, each under its own timeout, never one after another.
+    /// The caller's connection (its place's: see [`Place`]), opening it if needed.
+    /// Concurrent callers wait on the same connect, each under its own timeout, never one
+    /// after another.
     async fn connection(&self) -> Result<Handle, Failure> {
+        let mut place = self.place();
+        let mut watch = None;
         let (generation, future) = {
-            let mut guard = self.lock_state();
-            let (counter, state) = &mut *guard;
+            let mut guard = self.lock_lanes();
+            let lanes = &mut *guard;
+            place = lanes.resolve(place);
+            if let Place::Runtime(runtime) = place
+                && lanes.state(place).is_none()
+            {
+                lanes.made += 1;
+                let (watched, ended) = oneshot::channel();
+                let serial = lanes.made;
+                lanes.runtimes.push(Lane {
+                    runtime,
+                    serial,
+                    state: State::Idle,
+                    no_io: false,
+                    _watched: watched,
+                });
+                watch = Some((
+                    Watch { connections: Arc::downgrade(&self.connections), runtime, serial },
+                    ended,
+                ));
+            }
+            let Some((started, state)) = lanes.counted(place) else {
+                // Made above if it was missing.
+                return Err(Failure::Unreachable("no connection for this runtime".into()));
+            };
             match state {
                 State::Ready { generation, connection } => {
                     return Ok(Handle {
@@ -622,52 +840,78 @@ impl Node {
                 }
                 State::Connecting { generation, future } => (*generation, future.clone()),
                 State::Idle => {
-                    *counter += 1;
-                    let future = self.connect();
-                    *state = State::Connecting { generation: *counter, future: future.clone() };
-                    (*counter, future)
+                    *started += 1;
+                    let future = self.connect(place, *started);
+                    *state = State::Connecting { generation: *started, future: future.clone() };
+                    (*started, future)
                 }
             }
         };
-        let result = future.await;
-        if result.is_ok() {
-            self.opened.fetch_max(generation, Ordering::AcqRel);
+        if let Some((watch, ended)) = watch {
+            // Not counted as the client's work: it lasts as long as the runtime or the
+            // node. Spawned outside the lock: a runtime that is shutting down drops it at
+            // once, and its `Drop` takes the lock.
+            if let Ok(runtime) = Runtime::try_current() {
+                drop(runtime.spawn(async move {
+                    let _watch = watch;
+                    let _ = ended.await;
+                }));
+            }
         }
-        self.connect_failed.store(result.is_err(), Ordering::Relaxed);
-        let mut guard = self.lock_state();
-        let (_, state) = &mut *guard;
-        if matches!(state, State::Connecting { generation: g, .. } if *g == generation) {
-            *state = match &result {
-                Ok(connection) => State::Ready { generation, connection: connection.clone() },
-                Err(_) => State::Idle,
-            };
+        let result = future.await;
+        self.connections.settle(place, generation, &result);
+        if result.is_ok() && place != Place::Own {
+            self.open_own();
+        }
+        if let (Err(Failure::Unreachable(why)), Place::Runtime(runtime)) = (&result, place)
+            && **why == *NO_IO
+        {
+            if let Some(lane) =
+                self.lock_lanes().runtimes.iter_mut().find(|lane| lane.runtime == runtime)
+            {
+                lane.no_io = true;
+            }
+            tracing::warn!(
+                target: "redlock",
+                node = &*self.name,
+                "a multi-thread runtime without I/O (built without `enable_io`): its requests \
+                 go out on the client's own thread (turn `connections_per_runtime` off to \
+                 spare the panic of the first connect)"
+            );
+            return Box::pin(self.connection()).await;
         }
         result.map(|connection| Handle { generation, connection, fresh: true })
     }
 
     /// Opens a connection in a task of its own, shared by every caller that waits for it,
-    /// on the client's own thread, where its driver (the redis-rs task that writes and
-    /// reads the socket) then lives: a connection must not die with the runtime that
-    /// happened to open it, nor stall while that runtime is idle (a synchronous wrapper
-    /// that calls `block_on` now and then), or every request on it would.
-    fn connect(&self) -> Connecting {
+    /// in `place`, where its driver then lives. A connection must not die with a runtime
+    /// that happened to open it while others use it, nor stall while its runtime is idle
+    /// (a synchronous wrapper that calls `block_on` now and then): each place has its own,
+    /// and current-thread runtimes use the own thread's (see [`Place`]).
+    fn connect(&self, place: Place, generation: u64) -> Connecting {
         let client = self.client.clone();
         let timeout = self.connect_timeout;
         let (quarantine, quarantined_until) = (self.quarantine, self.quarantined_until.clone());
         let (servers, name) = (self.servers.clone(), self.name.clone());
-        let clock = self.clock.clone();
-        let task = self.tasks.spawn_own(async move {
+        let (clock, connections) = (self.clock.clone(), self.connections.clone());
+        let task = self.spawn_in(place, async move {
             let seen = Seen { servers: &servers, name: &name };
             let open = open(&client, timeout, quarantine, &quarantined_until, seen, &clock);
-            match tokio::time::timeout(timeout, open).await {
+            let result = match tokio::time::timeout(timeout, open).await {
                 Ok(result) => result,
                 Err(_) => Err(Failure::ConnectTimedOut),
-            }
+            };
+            connections.settle(place, generation, &result);
+            result
         });
         async move {
             match task {
-                Some(task) => task.await.unwrap_or_else(|_| {
-                    Err(Failure::Unreachable("the connect was cancelled".into()))
+                Some(task) => task.await.unwrap_or_else(|err| {
+                    Err(if err.is_panic() {
+                        Failure::Unreachable(NO_IO.into())
+                    } else {
+                        Failure::Unreachable("the connect was cancelled".into())
+                    })
                 }),
                 None => Err(Failure::Unreachable("no runtime to connect on".into())),
             }
@@ -676,16 +920,52 @@ impl Node {
         .shared()
     }
 
+    /// Opens the own thread's connection in the background if it has none, once a
+    /// runtime's opened: the own thread's work (an auto-extension, the undos of a runtime
+    /// that ends) then finds it open, as do callers on current-thread runtimes, instead of
+    /// paying a connect (several round trips) when it matters. Not where connects fail (a
+    /// refused certificate): that would double the handshakes.
+    fn open_own(&self) {
+        let mut lanes = self.lock_lanes();
+        if matches!(lanes.own, State::Idle) {
+            lanes.started += 1;
+            let future = self.connect(Place::Own, lanes.started);
+            lanes.own = State::Connecting { generation: lanes.started, future };
+        }
+    }
+
+    /// Where the caller's requests go out.
+    fn place(&self) -> Place {
+        if self.per_runtime { Place::here() } else { Place::Own }
+    }
+
+    /// Runs `task` in `place`: on the caller's runtime, or on the client's own thread.
+    fn spawn_in<F>(&self, place: Place, task: F) -> Option<JoinHandle<F::Output>>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        match place {
+            Place::Own => self.tasks.spawn_own(task),
+            Place::Runtime(_) => self.tasks.spawn_with_handle(task),
+        }
+    }
+
+    /// Forgets the connection of that generation, wherever it is (a request made in one
+    /// place may have been polled on to the end in another), so that the next request
+    /// there opens a new one; never a newer connection.
     fn discard(&self, generation: u64) {
-        let mut guard = self.lock_state();
-        let (_, state) = &mut *guard;
-        if matches!(state, State::Ready { generation: g, .. } if *g == generation) {
+        let mut lanes = self.lock_lanes();
+        if let Some(state) = lanes
+            .states()
+            .find(|state| matches!(state, State::Ready { generation: g, .. } if *g == generation))
+        {
             *state = State::Idle;
         }
     }
 
-    fn lock_state(&self) -> MutexGuard<'_, (u64, State)> {
-        lock_ignoring_poison(&self.state)
+    fn lock_lanes(&self) -> MutexGuard<'_, Lanes> {
+        lock_ignoring_poison(&self.connections.lanes)
     }
 }
 
@@ -859,6 +1139,57 @@ mod tests {
     fn node() -> Node {
         let client = Client::open("redis://127.0.0.1:1").unwrap();
         Node::new(client, Duration::from_millis(50), Duration::ZERO, Arc::default(), Arc::default())
+    }
+
+    fn multi_thread() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap()
+    }
+
+    fn lanes(node: &Node) -> usize {
+        node.lock_lanes().runtimes.len()
+    }
+
+    #[test]
+    fn a_multi_thread_runtime_gets_a_lane_that_goes_when_the_runtime_ends() {
+        let node = Arc::new(node());
+        let (a, b) = (multi_thread(), multi_thread());
+        for runtime in [&a, &b, &a] {
+            let node = node.clone();
+            let refused = runtime.block_on(async move { node.connection().await.map(drop) });
+            assert!(refused.is_err(), "nothing listens there");
+        }
+        assert_eq!(lanes(&node), 2, "one per runtime");
+        drop(a);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while lanes(&node) > 1 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(lanes(&node), 1, "the lane of the runtime that ended is gone");
+        // A node dropped first ends the tasks that watch its runtimes.
+        drop(node);
+        drop(b);
+    }
+
+    #[test]
+    fn current_thread_runtimes_and_no_runtime_use_the_own_threads_connection() {
+        assert_eq!(Place::here(), Place::Own);
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        assert_eq!(runtime.block_on(async { Place::here() }), Place::Own);
+        let runtime = multi_thread();
+        assert!(matches!(runtime.block_on(async { Place::here() }), Place::Runtime(_)));
+    }
+
+    #[test]
+    fn nothing_made_while_every_connect_fails_may_have_reached_the_node() {
+        let node = Arc::new(node());
+        let runtime = multi_thread();
+        let mark = node.generation();
+        assert!(!node.may_have_reached(mark), "no connection ever opened");
+        let connecting = node.clone();
+        let refused = runtime.block_on(async move { connecting.connection().await.map(drop) });
+        assert!(refused.is_err());
+        assert!(!node.may_have_reached(mark), "the connect since failed");
+        assert!(!node.may_have_reached(node.generation()));
     }
 
     #[test]

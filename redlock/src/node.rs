@@ -18,6 +18,7 @@
 //! first request. Every new connection reads the node's clock and its `INFO server` before
 //! it is used (restart quarantine, the server check).
 
+use crate::timing;
 use std::borrow::Cow;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -131,14 +132,6 @@ impl Reply {
         matches!(self.value, Err(Failure::Unreachable(_)))
     }
 }
-
-/// How long a node that missed a wait for stragglers is not waited for (unless it answers
-/// in time before): a node that is slow for good costs one wait of at most 2 ms a second, a
-/// node that was slow once is waited for again within a second, whatever the rounds see.
-const LATE_FOR: Duration = Duration::from_secs(1);
-
-/// Requests one connection may have queued and not yet written (redis-rs defaults to 50).
-const PIPELINE_BUFFER: usize = 4096;
 
 /// Asks whether a cached connection is still open before a command that must not run twice.
 static PING: LazyLock<Cmd> = LazyLock::new(|| redis::cmd("PING"));
@@ -340,10 +333,10 @@ pub(crate) struct Node {
     /// Until when the node counts as late, in nanoseconds from `epoch` (0: not late): its
     /// last answer timed out, or came only after a wait for a round's stragglers that
     /// counted on it (see `round::run`). A slow or hung node is not waited for again until
-    /// it answers in time or [`LATE_FOR`] has passed.
+    /// it answers in time or [`timing::LATE_FOR`] has passed.
     late_until: AtomicU64,
     /// Until when the node counts as hung, in nanoseconds from `epoch` (0: not hung): a
-    /// request to it timed out less than [`LATE_FOR`] ago, in a round or in the background,
+    /// request to it timed out less than [`timing::LATE_FOR`] ago, in a round or in the background,
     /// and it has not answered one since. An acquisition refused for contention does not
     /// wait for it.
     hung_until: AtomicU64,
@@ -360,7 +353,7 @@ pub(crate) struct Node {
     /// past its sender's timeout a create may still run there ([`Node::late_by`]).
     widest_error: AtomicU64,
     /// When reading the node's clock last failed, in nanoseconds from `epoch` (0: it did
-    /// not): it is not tried again before [`CLOCK_RESYNC`] has passed.
+    /// not): it is not tried again before [`timing::CLOCK_RESYNC`] has passed.
     clock_failed_at: AtomicU64,
 }
 
@@ -371,23 +364,6 @@ fn duration_us(duration: Duration) -> u64 {
 fn duration_ns(duration: Duration) -> u64 {
     u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
-
-/// How fast the client's and the node's clocks may drift apart, as a fraction: twice the
-/// fastest rate NTP slews a clock at (500 ppm). Widens a clock reading's error as it ages.
-const CLOCK_DRIFT: f64 = 1e-3;
-
-/// A clock reading older than this is taken again (in the background, on the node's
-/// connection) when a deadline is asked of it, and one older than twice this first: its
-/// error grows by 1 ms a second.
-const CLOCK_RESYNC: Duration = Duration::from_secs(10);
-
-/// The error of a clock reading is never taken for less than this (the node's clock has a
-/// millisecond resolution in scripts).
-const CLOCK_MIN_ERROR: Duration = Duration::from_millis(1);
-
-/// What a create's deadline is given on a node whose clock was never read (its `TIME`
-/// refused): none (0), and this much error for the client's own bounds.
-pub(crate) const UNREAD_CLOCK_ERROR: Duration = Duration::from_secs(1);
 
 /// One reading of a node's clock.
 #[derive(Clone, Copy, Debug)]
@@ -403,8 +379,8 @@ struct NodeClock {
 impl NodeClock {
     /// The reading's error at `now`: its round trip's, grown by the drift since.
     fn error(&self, now: Instant) -> Duration {
-        let aged = now.saturating_duration_since(self.at).mul_f64(CLOCK_DRIFT);
-        (self.error + aged).max(CLOCK_MIN_ERROR)
+        let aged = now.saturating_duration_since(self.at).mul_f64(timing::CLOCK_DRIFT);
+        (self.error + aged).max(timing::CLOCK_MIN_ERROR)
     }
 }
 
@@ -457,15 +433,15 @@ impl Node {
     /// estimate's error, so that a request that reaches the node while its sender still
     /// waits is never refused; 0 (none) while the node's clock was never read.
     ///
-    /// A reading older than [`CLOCK_RESYNC`] is taken again in the background; one older
+    /// A reading older than [`timing::CLOCK_RESYNC`] is taken again in the background; one older
     /// than twice that (a node left idle) first, so that no deadline carries the error of
     /// a stale reading.
     pub(crate) async fn deadline(&self, within: Duration) -> u64 {
         let reading = *lock_ignoring_poison(&self.clock);
         let age = reading.map(|clock| crate::clock::now().saturating_duration_since(clock.at));
         let clock = match (reading, age) {
-            (Some(clock), Some(age)) if age <= CLOCK_RESYNC * 2 => {
-                if age > CLOCK_RESYNC {
+            (Some(clock), Some(age)) if age <= timing::CLOCK_RESYNC * 2 => {
+                if age > timing::CLOCK_RESYNC {
                     self.read_clock_again();
                 }
                 clock
@@ -491,22 +467,24 @@ impl Node {
     /// How far past a request's own timeout the node may still run it: what a client that
     /// gave up on a create must still wait out before nothing of it can appear. Twice the
     /// widest error any deadline on this node was given (the deadline adds it once, and
-    /// the node's clock may be off by as much the other way); [`UNREAD_CLOCK_ERROR`]
+    /// the node's clock may be off by as much the other way); [`timing::UNREAD_CLOCK_ERROR`]
     /// while the node's clock was never read.
     pub(crate) fn late_by(&self) -> Duration {
         if lock_ignoring_poison(&self.clock).is_none() {
-            return UNREAD_CLOCK_ERROR;
+            return timing::UNREAD_CLOCK_ERROR;
         }
-        let widest = self.widest_error.load(Ordering::Relaxed).max(duration_us(CLOCK_MIN_ERROR));
+        let widest =
+            self.widest_error.load(Ordering::Relaxed).max(duration_us(timing::CLOCK_MIN_ERROR));
         Duration::from_micros(widest) * 2
     }
 
     /// Reads the node's clock on the caller's open connection now (for at most `within`), and keeps
-    /// the reading; `None` when that failed, or failed less than [`CLOCK_RESYNC`] ago.
+    /// the reading; `None` when that failed, or failed less than [`timing::CLOCK_RESYNC`] ago.
     async fn read_clock_now(&self, within: Duration) -> Option<NodeClock> {
         let now = crate::clock::now();
         let failed = self.clock_failed_at.load(Ordering::Relaxed);
-        if failed != 0 && self.nanos(now) < failed.saturating_add(duration_ns(CLOCK_RESYNC)) {
+        if failed != 0 && self.nanos(now) < failed.saturating_add(duration_ns(timing::CLOCK_RESYNC))
+        {
             return None;
         }
         let mut connection = self.ready()?.connection;
@@ -606,7 +584,7 @@ impl Node {
     }
 
     /// Whether the node timed out, or missed a wait for stragglers that counted on it, less
-    /// than [`LATE_FOR`] before `now`, and has not answered in time since.
+    /// than [`timing::LATE_FOR`] before `now`, and has not answered in time since.
     pub(crate) fn is_late(&self, now: Instant) -> bool {
         self.holds(&self.late_until, now)
     }
@@ -616,7 +594,7 @@ impl Node {
         self.mark(&self.late_until, late, now);
     }
 
-    /// Whether a request to the node timed out less than [`LATE_FOR`] before `now`, and the
+    /// Whether a request to the node timed out less than [`timing::LATE_FOR`] before `now`, and the
     /// node has not answered one since.
     pub(crate) fn is_hung(&self, now: Instant) -> bool {
         self.holds(&self.hung_until, now)
@@ -634,11 +612,11 @@ impl Node {
         until != 0 && self.nanos(now) < until
     }
 
-    /// Sets the mark `until` at `now` for [`LATE_FOR`], or clears it (cleared only on a
+    /// Sets the mark `until` at `now` for [`timing::LATE_FOR`], or clears it (cleared only on a
     /// change: every round or request of every task reads it).
     fn mark(&self, until: &AtomicU64, set: bool, now: Instant) {
         if set {
-            until.store(self.nanos(now + LATE_FOR).max(1), Ordering::Relaxed);
+            until.store(self.nanos(now + timing::LATE_FOR).max(1), Ordering::Relaxed);
         } else if until.load(Ordering::Relaxed) != 0 {
             until.store(0, Ordering::Relaxed);
         }
@@ -1002,7 +980,7 @@ async fn open(
     let config = AsyncConnectionConfig::new()
         // Room for many requests queued to a hung node: a release that cannot be queued
         // behind its SET before its timeout is lost, and the SET then outlives it.
-        .set_pipeline_buffer_size(PIPELINE_BUFFER)
+        .set_pipeline_buffer_size(timing::PIPELINE_BUFFER)
         .set_connection_timeout(Some(timeout))
         .set_response_timeout(None);
     let mut connection =
@@ -1197,8 +1175,8 @@ mod tests {
         let (node, at) = (node(), crate::clock::now());
         assert!(!node.is_late(at));
         node.set_late(true, at);
-        assert!(node.is_late(at + LATE_FOR - Duration::from_millis(1)));
-        assert!(!node.is_late(at + LATE_FOR), "waited for again once it has been a while");
+        assert!(node.is_late(at + timing::LATE_FOR - Duration::from_millis(1)));
+        assert!(!node.is_late(at + timing::LATE_FOR), "waited for again once it has been a while");
         node.set_late(true, at);
         node.set_late(false, at + Duration::from_millis(5));
         assert!(!node.is_late(at + Duration::from_millis(5)), "answered in time");
@@ -1210,7 +1188,10 @@ mod tests {
         assert!(!node.is_hung(crate::clock::now()));
         node.set_hung(true);
         assert!(node.is_hung(crate::clock::now()));
-        assert!(!node.is_hung(crate::clock::now() + LATE_FOR), "waited for again after a while");
+        assert!(
+            !node.is_hung(crate::clock::now() + timing::LATE_FOR),
+            "waited for again after a while"
+        );
         let reply = |value| Reply { value };
         // A dead node's quick refusals say nothing of whether requests that reach it stall
         // (an acquisition queued behind its clean-ups' retries times out).

@@ -62,3 +62,28 @@ pub(crate) const GRACE: Duration = Duration::from_secs(10);
 /// Redis reports its uptime in whole wall-clock seconds: the process may have started up to
 /// this much later than the reported uptime implies.
 pub(crate) const UPTIME_RESOLUTION: Duration = Duration::from_secs(1);
+
+/// How long a node that missed a wait for stragglers is not waited for (unless it answers
+/// in time before): a node that is slow for good costs one wait of at most 2 ms a second, a
+/// node that was slow once is waited for again within a second, whatever the rounds see.
+pub(crate) const LATE_FOR: Duration = Duration::from_secs(1);
+
+/// Requests one connection may have queued and not yet written (redis-rs defaults to 50).
+pub(crate) const PIPELINE_BUFFER: usize = 4096;
+
+/// How fast the client's and the node's clocks may drift apart, as a fraction: twice the
+/// fastest rate NTP slews a clock at (500 ppm). Widens a clock reading's error as it ages.
+pub(crate) const CLOCK_DRIFT: f64 = 1e-3;
+
+/// A clock reading older than this is taken again (in the background, on the node's
+/// connection) when a deadline is asked of it, and one older than twice this first: its
+/// error grows by 1 ms a second.
+pub(crate) const CLOCK_RESYNC: Duration = Duration::from_secs(10);
+
+/// The error of a clock reading is never taken for less than this (the node's clock has a
+/// millisecond resolution in scripts).
+pub(crate) const CLOCK_MIN_ERROR: Duration = Duration::from_millis(1);
+
+/// What a create's deadline is given on a node whose clock was never read (its `TIME`
+/// refused): none (0), and this much error for the client's own bounds.
+pub(crate) const UNREAD_CLOCK_ERROR: Duration = Duration::from_secs(1);

@@ -60,7 +60,7 @@ impl Intent {
         // timeouts later (with a re-send), plus its clock's error (at most a second while
         // a node's clock is unread).
         let withdrawn = (config.connect_timeout + config.node_timeout * 2)
-            .saturating_add(crate::node::UNREAD_CLOCK_ERROR);
+            .saturating_add(crate::timing::UNREAD_CLOCK_ERROR);
         Self {
             field,
             ms: u64::try_from(ms).unwrap_or(u64::MAX),

@@ -487,9 +487,9 @@ async fn with_lock_losing_the_lock_mid_work() {
     assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("k") == 2).await);
 }
 
-/// A same-client waiter kept out by the hold (its timers pass while the hold is valid,
-/// 10 s) gets in promptly once an extension finds the hold gone and releases what the
-/// extension healed.
+/// A same-client waiter kept out by the hold (a `try_lock`'s, outside the waiters' line:
+/// the waiter polls it as another client's waiter would) gets in promptly once an
+/// extension finds the hold gone and releases what the extension healed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_same_client_waiter_gets_in_right_after_the_loss() {
     let cluster = common::cluster(3);
@@ -503,15 +503,8 @@ async fn a_same_client_waiter_gets_in_right_after_the_loss() {
         (lock, Instant::now())
     });
     tokio::time::sleep(Duration::from_millis(150)).await;
-    // Extended while the waiter watches: its timers now pass without trying.
     lock.extend(Duration::from_secs(10)).await.unwrap();
-    let before = common::create_calls(cluster.node(2));
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(
-        common::create_calls(cluster.node(2)),
-        before,
-        "the waiter does not poll a held lock"
-    );
     common::run(&cluster, 0, &["DEL", "k"]);
     common::run(&cluster, 1, &["DEL", "k"]);
     let lost_at = Instant::now();

@@ -9,7 +9,7 @@ use std::sync::LazyLock;
 
 use redis::Cmd;
 
-use crate::engine::ReleaseChannel;
+use crate::channel::ReleaseChannel;
 
 macro_rules! scripts {
     ($($name:ident = $($file:literal),+;)*) => {
@@ -319,7 +319,7 @@ mod tests {
         let command = Command::script(&RELEASE, &["app:job"], &args_in, Resend::Safe);
         let written = args(command.first());
         assert_eq!(written[4], b"token");
-        assert_eq!(written[5], crate::engine::channel("app:job").as_bytes());
+        assert_eq!(written[5], crate::channel::channel("app:job").as_bytes());
         assert_eq!(written[5], b"redlock:released:app:job");
         assert_eq!(args_in[1].size(), written[5].len());
         let fallback = args(&command.fallback().unwrap());

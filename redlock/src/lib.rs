@@ -185,6 +185,7 @@
 #[doc(hidden)]
 pub mod bench_internals;
 mod builder;
+mod channel;
 mod client;
 mod clock;
 mod command;

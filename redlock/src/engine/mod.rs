@@ -20,10 +20,10 @@ mod wait;
 
 use std::sync::Arc;
 
+pub(crate) use crate::channel::channel;
 pub(crate) use claim::Claim;
-pub(crate) use notify::{ReleaseChannel, channel};
+pub(crate) use protocol::Abandoned;
 pub(crate) use protocol::{Answer, Op, Protocol};
-pub(crate) use undo::Abandoned;
 
 use crate::command::Command;
 use crate::config::{Config, Ttl};

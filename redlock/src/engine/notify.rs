@@ -16,50 +16,18 @@
 
 use crate::timing;
 use std::collections::{HashMap, VecDeque};
-use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use futures::StreamExt;
-use redis::{Client, RedisWrite, ToRedisArgs};
+use redis::Client;
 use tokio::sync::{Notify, mpsc};
 
+use crate::channel::channel;
 use crate::node::Node;
 use crate::quorum;
 use crate::tasks::Tasks;
-
-/// The channel a release of `key` is published on.
-pub(crate) fn channel(key: &str) -> Arc<str> {
-    ReleaseChannel(key).to_string().into()
-}
-
-/// The name of the channel a release of the key is published on, for writing it where it
-/// goes (a script's argument) without a string of its own.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct ReleaseChannel<'a>(pub(crate) &'a str);
-
-impl ReleaseChannel<'_> {
-    const PREFIX: &'static str = "redlock:released:";
-
-    /// The name's length in bytes.
-    pub(crate) fn size(&self) -> usize {
-        Self::PREFIX.len() + self.0.len()
-    }
-}
-
-impl fmt::Display for ReleaseChannel<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(Self::PREFIX)?;
-        f.write_str(self.0)
-    }
-}
-
-impl ToRedisArgs for ReleaseChannel<'_> {
-    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
-        out.write_arg_fmt(self);
-    }
-}
 
 /// The release notifications of one client.
 pub(crate) struct Releases {

@@ -55,6 +55,14 @@ impl From<NodeOutcome> for Answer {
     }
 }
 
+/// A hold this client gave up, whose undos may not have reached every node yet: its token,
+/// and its tombstone's key (which an acquisition that takes its place marks).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Abandoned {
+    pub(crate) token: Arc<str>,
+    pub(crate) tombstone: Arc<str>,
+}
+
 /// What a round's command carries besides the hold's own names.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Args<'a> {
@@ -66,7 +74,7 @@ pub(crate) struct Args<'a> {
     /// For `Acquire`: this client's abandoned holds on the keys, whose undos may not have
     /// reached every node yet; a hold of one of them counts as free (and is marked taken
     /// over in its tombstone).
-    pub(crate) abandoned: &'a [super::undo::Abandoned],
+    pub(crate) abandoned: &'a [Abandoned],
 }
 
 impl<'a> Args<'a> {

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use smallvec::SmallVec;
 
-use super::protocol::Keys;
+use super::protocol::{Abandoned, Keys};
 use super::slot::{Slot, Slots};
 
 /// Per key, the registrations of the undos that remove it: most often one, kept in place.
@@ -160,14 +160,6 @@ impl Undos {
     fn lock(&self) -> MutexGuard<'_, Entries> {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
-}
-
-/// A hold this client gave up, whose undos may not have reached every node yet: its token,
-/// and its tombstone's key (which an acquisition that takes its place marks).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Abandoned {
-    pub(crate) token: Arc<str>,
-    pub(crate) tombstone: Arc<str>,
 }
 
 /// A registration, removed when dropped (with the undos' driving task).

@@ -196,9 +196,13 @@ async fn an_acquisition_buffered_in_a_node_that_wakes_after_the_lease_sets_nothi
 }
 
 /// Keeps node `i` busy in a script for `busy` (other clients get `BUSY` replies meanwhile:
-/// its `busy-reply-threshold` is set to 10 ms first), on a thread of its own.
+/// its busy threshold is set to 10 ms first), on a thread of its own.
 fn busy_for(faulty: &FaultyCluster, i: usize, busy: Duration) -> std::thread::JoinHandle<()> {
-    common::run(faulty.cluster(), i, &["CONFIG", "SET", "busy-reply-threshold", "10"]);
+    // Redis 7 calls it `busy-reply-threshold`, Redis 6.2 `lua-time-limit`.
+    let node = faulty.cluster().node(i);
+    if node.command(&["CONFIG", "SET", "busy-reply-threshold", "10"]).is_err() {
+        node.command(&["CONFIG", "SET", "lua-time-limit", "10"]).unwrap();
+    }
     let mut con = faulty.cluster().node(i).connection().unwrap();
     let script = "local s = redis.call('TIME') \
                   local start = s[1] * 1000000 + s[2] \

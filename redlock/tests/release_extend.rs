@@ -100,7 +100,9 @@ async fn an_extension_that_finds_the_hold_gone_ends_it_and_releases_what_is_left
     common::run(&cluster, 3, &["DEL", "k"]);
     let err = lock.extend(Duration::from_secs(30)).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
-    assert_eq!(err.held_by_others(), 3, "{err}");
+    // Decided once too many refused: the third foreign node may not have answered by then
+    // (it is not waited for past the decision's short linger).
+    assert!(err.held_by_others() >= 2, "{err}");
     assert_eq!(lock.validity(), Duration::ZERO, "a hold found gone is over");
     assert!(!lock.is_valid());
     assert!(

@@ -108,13 +108,20 @@ mod tests {
         secs * 1000 + micros / 1000
     }
 
+    /// A fresh `redis-server` with every script of the library loaded, and a connection.
+    fn node_with_scripts() -> (redlock_testkit::RedisNode, redis::Connection) {
+        let node = redlock_testkit::RedisNode::start().unwrap();
+        let mut con = node.connection().unwrap();
+        for script in command::all_scripts() {
+            let _: String = script.load().query(&mut con).unwrap();
+        }
+        (node, con)
+    }
+
     #[test]
     fn once_undone_on_a_node_a_token_has_nothing_there_whatever_the_order() {
-        let node = redlock_testkit::RedisNode::start().unwrap();
-        let con = std::cell::RefCell::new(node.connection().unwrap());
-        for script in command::all_scripts() {
-            let _: String = script.load().query(&mut *con.borrow_mut()).unwrap();
-        }
+        let (_node, con) = node_with_scripts();
+        let con = std::cell::RefCell::new(con);
         let ttl = Ttl::new(Duration::from_secs(10), 0.01).unwrap();
         let keep = Keep::new(Duration::from_secs(10));
         let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
@@ -165,11 +172,7 @@ mod tests {
 
     #[test]
     fn a_resent_release_answers_what_the_first_send_did() {
-        let node = redlock_testkit::RedisNode::start().unwrap();
-        let mut con = node.connection().unwrap();
-        for script in command::all_scripts() {
-            let _: String = script.load().query(&mut con).unwrap();
-        }
+        let (_node, mut con) = node_with_scripts();
         let ttl = Ttl::new(Duration::from_secs(10), 0.01).unwrap();
         let keep = Keep::new(Duration::from_secs(10));
         for (proto, _) in kinds() {
@@ -201,11 +204,7 @@ mod tests {
 
     #[test]
     fn a_hold_of_an_abandoned_token_counts_as_free_and_its_release_still_answers_ok() {
-        let node = redlock_testkit::RedisNode::start().unwrap();
-        let mut con = node.connection().unwrap();
-        for script in command::all_scripts() {
-            let _: String = script.load().query(&mut con).unwrap();
-        }
+        let (_node, mut con) = node_with_scripts();
         let ttl = Ttl::new(Duration::from_secs(10), 0.01).unwrap();
         let config = config("");
         let permits = Permits::new(&config, "k", 2).unwrap();

@@ -5,6 +5,10 @@
 -- Returns nil when set, else the holder's token (ours after a re-sent request): a refusal
 -- says who holds the key, which tells a split vote from a holder of a quorum. A key of
 -- another type raises WRONGTYPE from GET: never touched.
+-- The common case, a free key, is one call.
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return false
+end
 local current = redis.call('GET', KEYS[1])
 if current then
   local abandoned = abandoned_from(3)

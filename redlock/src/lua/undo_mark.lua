@@ -17,6 +17,10 @@ local function undone(removed)
   if not removed and keep <= 0 then
     return
   end
+  -- The common case, a first removal, is one call.
+  if removed and redis.call('SET', tombstone, '1', 'PX', ms, 'NX') then
+    return
+  end
   if redis.call('PTTL', tombstone) < ms then
     local mark = '0'
     if removed or removed_before() then mark = '1' end

@@ -1,17 +1,22 @@
 //! Starts a local cluster of redis-server nodes in the foreground, for demos
 //! and manual testing; Ctrl-C stops them all.
 //!
-//! `redlock-cluster [--nodes N] [--base-port P] [--persistent]`
+//! `redlock-cluster [--nodes N] [--base-port P] [--persistent] [--tls] [--acl RULES]...`
 
 use std::process::ExitCode;
 
+use redlock_testkit::tls::{Certificates, ClientCerts};
 use redlock_testkit::{NodeConfig, Persistence, RedisNode};
 
 const USAGE: &str = "usage: redlock-cluster [--nodes N (default 5)] [--base-port P] [--persistent]
+                       [--tls] [--acl 'NAME on >PASSWORD RULES...']...
 
 Starts N redis-server nodes on 127.0.0.1 (ports P..P+N-1 with --base-port,
 free ports otherwise; --persistent: AOF with appendfsync always), prints
-their URLs, and stops them on Ctrl-C.";
+their URLs, and stops them on Ctrl-C.
+--tls: TLS-only nodes (rediss://) with a generated CA, printed as REDLOCK_TLS_CA.
+--acl: the arguments of one `ACL SETUSER` run on every node (repeat for more lines,
+all for the same user); the URLs printed then log in as that user.";
 
 /// Parsed command line.
 #[derive(Debug)]
@@ -19,10 +24,24 @@ struct Args {
     nodes: usize,
     base_port: Option<u16>,
     persistent: bool,
+    tls: bool,
+    /// `ACL SETUSER` argument lines, all for one user.
+    acl: Vec<Vec<String>>,
+}
+
+impl Args {
+    /// The ACL user the URLs log in as: the name of the `--acl` lines and the last
+    /// `>password` among them.
+    fn user(&self) -> Option<(&str, &str)> {
+        let name = self.acl.first()?.first()?;
+        let password = self.acl.iter().flatten().filter_map(|w| w.strip_prefix('>')).last()?;
+        Some((name, password))
+    }
 }
 
 fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
-    let mut parsed = Args { nodes: 5, base_port: None, persistent: false };
+    let mut parsed =
+        Args { nodes: 5, base_port: None, persistent: false, tls: false, acl: Vec::new() };
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--nodes" => {
@@ -33,6 +52,18 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             }
             "--base-port" => parsed.base_port = Some(value(&mut args, &arg)?),
             "--persistent" => parsed.persistent = true,
+            "--tls" => parsed.tls = true,
+            "--acl" => {
+                let line: String = value(&mut args, &arg)?;
+                let words: Vec<String> = line.split_whitespace().map(str::to_owned).collect();
+                match (words.first(), parsed.acl.first().and_then(|l| l.first())) {
+                    (None, _) => return Err("--acl needs a user name and rules".into()),
+                    (Some(name), Some(first)) if name != first => {
+                        return Err(format!("--acl lines name two users: {first}, {name}"));
+                    }
+                    _ => parsed.acl.push(words),
+                }
+            }
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
@@ -41,6 +72,9 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         if usize::from(base) + parsed.nodes - 1 > usize::from(u16::MAX) || base == 0 {
             return Err(format!("--base-port {base} with {} nodes is out of range", parsed.nodes));
         }
+    }
+    if !parsed.acl.is_empty() && parsed.user().is_none() {
+        return Err("--acl: no line gives the user a password (>PASSWORD)".into());
     }
     Ok(parsed)
 }
@@ -59,11 +93,20 @@ fn start_nodes(args: &Args) -> redlock_testkit::Result<Vec<RedisNode>> {
     (0..args.nodes)
         .map(|i| {
             let mut config = NodeConfig::new().persistence(persistence);
+            if args.tls {
+                config = config.tls(ClientCerts::NotAsked);
+            }
             if let Some(base) = args.base_port {
                 // Range checked in parse_args.
                 config = config.port(base + i as u16);
             }
-            RedisNode::start_with(config)
+            let node = RedisNode::start_with(config)?;
+            for line in &args.acl {
+                let mut command = vec!["ACL", "SETUSER"];
+                command.extend(line.iter().map(String::as_str));
+                node.command(&command)?;
+            }
+            Ok(node)
         })
         .collect()
 }
@@ -92,11 +135,23 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let urls: Vec<String> = nodes.iter().map(RedisNode::url).collect();
+    let urls: Vec<String> = match args.user() {
+        Some((name, password)) => nodes.iter().map(|node| node.url_as(name, password)).collect(),
+        None => nodes.iter().map(RedisNode::url).collect(),
+    };
     for url in &urls {
         println!("{url}");
     }
     println!("REDLOCK_NODES={}", urls.join(","));
+    if args.tls {
+        match Certificates::get() {
+            Ok(certificates) => println!("REDLOCK_TLS_CA={}", certificates.ca().path().display()),
+            Err(e) => {
+                eprintln!("redlock-cluster: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     println!("press Ctrl-C to stop");
 
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
@@ -130,9 +185,18 @@ mod tests {
     #[test]
     fn defaults_and_flags() {
         let a = parse(&[]).unwrap();
-        assert_eq!((a.nodes, a.base_port, a.persistent), (5, None, false));
-        let a = parse(&["--nodes", "3", "--base-port", "7000", "--persistent"]).unwrap();
-        assert_eq!((a.nodes, a.base_port, a.persistent), (3, Some(7000), true));
+        assert_eq!((a.nodes, a.base_port, a.persistent, a.tls), (5, None, false, false));
+        assert_eq!(a.user(), None);
+        let a = parse(&["--nodes", "3", "--base-port", "7000", "--persistent", "--tls"]).unwrap();
+        assert_eq!((a.nodes, a.base_port, a.persistent, a.tls), (3, Some(7000), true, true));
+    }
+
+    #[test]
+    fn acl_lines_name_the_user_the_urls_log_in_as() {
+        let a =
+            parse(&["--acl", "locker on >s3cret ~app:* +get", "--acl", "locker +info"]).unwrap();
+        assert_eq!(a.user(), Some(("locker", "s3cret")));
+        assert_eq!(a.acl.len(), 2);
     }
 
     #[test]
@@ -143,6 +207,9 @@ mod tests {
             &["--nodes", "0"],
             &["--base-port", "65535", "--nodes", "2"],
             &["--what"],
+            &["--acl", "locker on ~app:*"],
+            &["--acl", "a on >x", "--acl", "b on >y"],
+            &["--acl", " "],
         ] {
             assert!(parse(bad).is_err(), "{bad:?}");
         }

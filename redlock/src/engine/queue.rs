@@ -270,7 +270,7 @@ impl Ticket {
     /// An outcome other than [`Outcome::Held`] or [`Outcome::Granted`] counts for no one
     /// else.
     pub(crate) async fn follow(&mut self, number: u64, patience: Duration) -> Option<Outcome> {
-        let asked = Instant::now();
+        let asked = crate::clock::monotonic();
         loop {
             let progress = self.line.progress.notified();
             tokio::pin!(progress);
@@ -287,10 +287,12 @@ impl Ticket {
                     return Some(Outcome::Granted);
                 }
                 // Idle since it was asked (or since its last attempt ended, if later).
-                let idle = state.ended_at.map_or(asked, |ended| ended.max(asked)).elapsed();
+                let now = crate::clock::monotonic();
+                let since = |at: Instant| now.saturating_duration_since(at);
+                let idle = since(state.ended_at.map_or(asked, |ended| ended.max(asked)));
                 let stalled = match state.in_flight {
                     0 => state.started < number && idle >= timing::STALL,
-                    _ => state.started_at.is_some_and(|started| started.elapsed() >= patience),
+                    _ => state.started_at.is_some_and(|started| since(started) >= patience),
                 };
                 if stalled {
                     return None;
@@ -307,12 +309,13 @@ impl Ticket {
             let mut state = lock(&self.line.state);
             state.started += 1;
             state.in_flight += 1;
-            state.started_at = Some(Instant::now());
+            state.started_at = Some(crate::clock::monotonic());
             state.started
         };
         self.seen = number;
         self.line.progress.notify_waiters();
-        Attempt { line: &self.line, number, outcome: Outcome::Other, started: Instant::now() }
+        let started = crate::clock::monotonic();
+        Attempt { line: &self.line, number, outcome: Outcome::Other, started }
     }
 
     /// Whether a release or a waiter behind called this one since it last looked.
@@ -393,8 +396,9 @@ impl Drop for Attempt<'_> {
     fn drop(&mut self) {
         let mut state = lock(&self.line.state);
         state.in_flight = state.in_flight.saturating_sub(1);
-        state.ended_at = Some(Instant::now());
-        state.took = self.started.elapsed();
+        let now = crate::clock::monotonic();
+        state.ended_at = Some(now);
+        state.took = now.saturating_duration_since(self.started);
         if state.ended.0 < self.number {
             state.ended = (self.number, std::mem::take(&mut self.outcome));
         }

@@ -44,7 +44,7 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T>>,
 {
-    let first = Instant::now();
+    let first = crate::clock::monotonic();
     let mut counted = 0u32;
     // Whether this tick counts against the policy: not one a wake-up brought.
     let mut counts = true;
@@ -75,7 +75,7 @@ where
         let mut paced = Duration::ZERO;
         let (err, attempted) = match turn {
             Turn::Attempt => {
-                let started = Instant::now();
+                let started = crate::clock::monotonic();
                 let mark = ticket.as_deref_mut().map(Ticket::attempting);
                 let err = match attempt().await {
                     Ok(lock) => {
@@ -91,7 +91,7 @@ where
                 if let Some(mark) = mark {
                     mark.found(if held { Outcome::Held(err.clone()) } else { Outcome::Other });
                 }
-                (err, Some(started.elapsed()))
+                (err, Some(crate::clock::monotonic().saturating_duration_since(started)))
             }
             Turn::Follow(number) => {
                 let Some(ticket) = ticket.as_deref_mut() else { continue };
@@ -140,7 +140,7 @@ where
         let due = match next_counted {
             Some(due) if woken => due,
             _ => {
-                let Some(pause) = retry.next_pause(counted, first.elapsed().saturating_add(paced))
+                let Some(pause) = retry.next_pause(counted, waited(first).saturating_add(paced))
                 else {
                     return Err(Error::most_telling(telling, err));
                 };
@@ -193,8 +193,13 @@ async fn next_turn(
     }
 }
 
+/// How long since `first`.
+fn waited(first: Instant) -> Duration {
+    crate::clock::monotonic().saturating_duration_since(first)
+}
+
 /// The instant `pause` from now; far in the future for a pause too long to add.
 fn after(pause: Duration) -> Instant {
-    let now = Instant::now();
+    let now = crate::clock::monotonic();
     now.checked_add(pause).unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600))
 }

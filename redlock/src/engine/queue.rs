@@ -485,4 +485,52 @@ mod tests {
         assert_ne!(request(&["doc"], true, true), request(&["doc"], true, false));
         assert_ne!(request(&["doc"], true, false), request(&["doc", "b"], true, false));
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_behind_takes_the_first_ones_place_when_no_attempt_starts_within_the_stall() {
+        let lines = Arc::new(Lines::default());
+        let doc = request(&["doc"], true, false);
+        let first = lines.join(&doc);
+        let mut second = lines.join(&doc);
+        let Turn::Follow(number) = second.turn(false) else { panic!("not first") };
+        let asked = tokio::time::Instant::now();
+        // The first waiter is never polled again (its runtime blocked, say).
+        assert!(second.follow(number, Duration::from_secs(60)).await.is_none());
+        assert_eq!(asked.elapsed(), timing::STALL);
+        assert!(matches!(second.turn(true), Turn::Attempt), "its place");
+        drop(first);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_behind_follows_an_attempt_for_its_patience_then_attempts_itself() {
+        let lines = Arc::new(Lines::default());
+        let doc = request(&["doc"], true, false);
+        let patience = Duration::from_millis(150);
+        let attempt = |mut first: Ticket, took: u64| async move {
+            let attempt = first.attempting();
+            tokio::time::sleep(Duration::from_millis(took)).await;
+            let held = Error::local(ErrorKind::NotAcquired, "held", "doc");
+            attempt.found(Outcome::Held(held));
+            first
+        };
+        // An attempt that ends within the patience is the follower's too.
+        let first = lines.join(&doc);
+        let mut second = lines.join(&doc);
+        let first = tokio::spawn(attempt(first, 120));
+        tokio::task::yield_now().await;
+        let Turn::Follow(number) = second.turn(false) else { panic!("not behind") };
+        assert!(matches!(second.follow(number, patience).await, Some(Outcome::Held(_))));
+        drop(first.await.unwrap());
+        drop(second);
+        // One still in flight past it: its waiter stalled. Checked every STALL.
+        let first = lines.join(&doc);
+        let mut second = lines.join(&doc);
+        let first = tokio::spawn(attempt(first, 10_000));
+        tokio::task::yield_now().await;
+        let asked = tokio::time::Instant::now();
+        let Turn::Follow(number) = second.turn(false) else { panic!("not behind") };
+        assert!(second.follow(number, patience).await.is_none());
+        assert!(asked.elapsed() >= patience && asked.elapsed() <= patience + timing::STALL);
+        first.abort();
+    }
 }

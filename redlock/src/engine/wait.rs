@@ -203,3 +203,60 @@ fn after(pause: Duration) -> Instant {
     let now = crate::clock::monotonic();
     now.checked_add(pause).unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::node::Node;
+
+    /// A client over three nodes it never reaches, its notifications off (waits poll).
+    fn core() -> Arc<Core> {
+        let nodes = (0..3)
+            .map(|i| {
+                let client = redis::Client::open(format!("redis://127.0.0.1:{}", 1 + i)).unwrap();
+                let timeout = Duration::from_millis(50);
+                Arc::new(Node::new(client, timeout, Duration::ZERO, Arc::default(), Arc::default()))
+            })
+            .collect();
+        let core = Arc::new(Core::new(nodes, crate::config::config(""), Arc::default()));
+        core.releases.stop();
+        core
+    }
+
+    /// When each attempt of a wait under `retry` started (ms from the wait's start), each
+    /// taking 10 ms and refused; with when the wait gave up.
+    async fn attempts(retry: &Retry) -> (Vec<u64>, u64) {
+        let core = core();
+        let request = Request::shared("lock", "doc".into());
+        let start = tokio::time::Instant::now();
+        let ms = |at: tokio::time::Instant| u64::try_from(at.duration_since(start).as_millis());
+        let started = Mutex::new(Vec::new());
+        let attempt = || {
+            started.lock().unwrap().push(ms(tokio::time::Instant::now()).unwrap());
+            async {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                Err::<(), _>(Error::local(ErrorKind::NotAcquired, "held", "doc"))
+            }
+        };
+        let err = until_acquired(&core, retry, &request, None, "doc", attempt).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::NotAcquired, "the last attempt's error");
+        let gave_up = ms(tokio::time::Instant::now()).unwrap();
+        (started.into_inner().unwrap(), gave_up)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_gives_up_at_its_deadline() {
+        let every_100_ms =
+            Retry::new().with_delay(Duration::from_millis(100)).with_jitter(Duration::ZERO);
+        // No attempt starts that could not within the second: the last at 990 ms.
+        let patient = every_100_ms.with_unbounded_attempts().with_max_wait(Duration::from_secs(1));
+        let (started, gave_up) = attempts(&patient).await;
+        assert_eq!(started, (0..10).map(|k| k * 110).collect::<Vec<_>>(), "paced by the policy");
+        assert_eq!(gave_up, 1000, "over with the last attempt, within max_wait");
+        // Or after its attempts.
+        let (started, gave_up) = attempts(&every_100_ms.with_max_attempts(3)).await;
+        assert_eq!((started, gave_up), (vec![0, 110, 220], 230));
+    }
+}

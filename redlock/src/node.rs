@@ -1281,4 +1281,13 @@ mod tests {
         assert_eq!(node.deadline(Duration::from_millis(50)).await, 0, "none");
         assert_eq!(node.late_by(), timing::UNREAD_CLOCK_ERROR);
     }
+
+    #[tokio::test]
+    async fn a_request_waits_for_a_connect_unless_the_nodes_last_connect_failed() {
+        let node = node();
+        // Nothing listens there: the connect waited for is refused, and nothing is sent.
+        assert!(matches!(node.connect_first().await, Err(Failure::Refused(_))));
+        // From then on the request's own node timeout bounds its connect.
+        assert!(node.connect_first().await.is_ok(), "not waited for");
+    }
 }

@@ -125,9 +125,7 @@ where
             telling = Some(Error::most_telling(telling.take(), err.clone()));
         }
         if let Some(took) = attempted
-            && woken
-            && err.granted() > 0
-            && splits < timing::SPLIT_RETRIES
+            && split_again(woken, err.granted(), splits)
         {
             // Some nodes said yes: another waiter woken by the same release split the
             // votes. Try again at once, but not in lockstep with it.
@@ -191,6 +189,13 @@ async fn next_turn(
         () = tokio::time::sleep_until(due.into()) => false,
         () = core.tasks.closed() => false,
     }
+}
+
+/// Whether a refused attempt is tried again at once rather than after the policy's pause:
+/// a release woke it and some nodes said yes (another waiter woken by the same release
+/// split the votes), `splits` times so far of at most [`timing::SPLIT_RETRIES`].
+fn split_again(woken: bool, granted: usize, splits: u32) -> bool {
+    woken && granted > 0 && splits < timing::SPLIT_RETRIES
 }
 
 /// How long since `first`.
@@ -258,5 +263,14 @@ mod tests {
         // Or after its attempts.
         let (started, gave_up) = attempts(&every_100_ms.with_max_attempts(3)).await;
         assert_eq!((started, gave_up), (vec![0, 110, 220], 230));
+    }
+
+    #[test]
+    fn a_split_vote_after_a_release_is_tried_again_at_once_three_times_at_most() {
+        assert!(split_again(true, 2, 0));
+        assert!(split_again(true, 1, timing::SPLIT_RETRIES - 1));
+        assert!(!split_again(true, 1, timing::SPLIT_RETRIES), "then the policy's pause");
+        assert!(!split_again(true, 0, 0), "nobody said yes: held, not split");
+        assert!(!split_again(false, 2, 0), "not woken: a timer's tick");
     }
 }

@@ -85,7 +85,13 @@ fn read() -> (Instant, Duration) {
     let measured = round_up(measured);
     let seen = SUSPENDED.fetch_max(measured, Ordering::Relaxed).max(measured);
     let injected = INJECTED.load(Ordering::Relaxed) + hook::here();
-    (instant, Duration::from_nanos(seen.saturating_add(injected)))
+    (hook::instant(instant), Duration::from_nanos(seen.saturating_add(injected)))
+}
+
+/// `Instant::now()`, for what stays on `Instant`'s scale (retry pacing, a line's patience):
+/// in unit tests Tokio's clock, so that paused time moves it as it moves the timers.
+pub(crate) fn monotonic() -> Instant {
+    hook::instant(Instant::now())
 }
 
 /// `measured` in nanoseconds, rounded up to the [`GRAIN`].
@@ -194,6 +200,19 @@ mod hook {
     #[cfg(not(test))]
     pub(super) fn here() -> u64 {
         0
+    }
+
+    /// What the clock reads as `Instant::now()`: in unit tests Tokio's clock (the same
+    /// unless a test paused it), so that a test with paused time moves leases, rounds and
+    /// deadlines with `tokio::time::advance` instead of sleeping for real.
+    #[cfg(test)]
+    pub(super) fn instant(_: std::time::Instant) -> std::time::Instant {
+        tokio::time::Instant::now().into_std()
+    }
+
+    #[cfg(not(test))]
+    pub(super) fn instant(read: std::time::Instant) -> std::time::Instant {
+        read
     }
 
     /// Moves the lease clock ahead by `by` for this thread.

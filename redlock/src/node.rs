@@ -376,7 +376,38 @@ struct NodeClock {
     error: Duration,
 }
 
+/// How a deadline treats a reading of the node's clock, by its age.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Freshness {
+    /// Used as it is.
+    Fresh,
+    /// Used, and read again in the background: its error grows with its age.
+    Aging,
+    /// Read again first (a node left idle): no deadline carries a stale reading's error.
+    Stale,
+}
+
+impl Freshness {
+    fn of(age: Duration) -> Self {
+        if age <= timing::CLOCK_RESYNC {
+            Self::Fresh
+        } else if age <= timing::CLOCK_RESYNC * 2 {
+            Self::Aging
+        } else {
+            Self::Stale
+        }
+    }
+}
+
 impl NodeClock {
+    /// A `TIME` reply of `(seconds, microseconds)` to a request sent at `sent` and answered
+    /// at `received`: taken for the midpoint, give or take half the round trip.
+    fn taken(sent: Instant, received: Instant, (secs, micros): (u64, u64)) -> Self {
+        let half = received.saturating_duration_since(sent) / 2;
+        let node_us = secs.saturating_mul(1_000_000).saturating_add(micros);
+        NodeClock { at: sent + half, node_us, error: half }
+    }
+
     /// The reading's error at `now`: its round trip's, grown by the drift since.
     fn error(&self, now: Instant) -> Duration {
         let aged = now.saturating_duration_since(self.at).mul_f64(timing::CLOCK_DRIFT);
@@ -439,11 +470,10 @@ impl Node {
     pub(crate) async fn deadline(&self, within: Duration) -> u64 {
         let reading = *lock_ignoring_poison(&self.clock);
         let age = reading.map(|clock| crate::clock::now().saturating_duration_since(clock.at));
-        let clock = match (reading, age) {
-            (Some(clock), Some(age)) if age <= timing::CLOCK_RESYNC * 2 => {
-                if age > timing::CLOCK_RESYNC {
-                    self.read_clock_again();
-                }
+        let clock = match (reading, age.map(Freshness::of)) {
+            (Some(clock), Some(Freshness::Fresh)) => clock,
+            (Some(clock), Some(Freshness::Aging)) => {
+                self.read_clock_again();
                 clock
             }
             // Stale, or never read (its `TIME` was refused): read it first, at most once
@@ -1076,10 +1106,8 @@ async fn read_clock(connection: &mut MultiplexedConnection) -> Result<NodeClock,
     if let Value::ServerError(err) = reply {
         return Err(err.into());
     }
-    let (secs, micros): (u64, u64) = redis::from_redis_value(reply)?;
-    let half = received.saturating_duration_since(sent) / 2;
-    let node_us = secs.saturating_mul(1_000_000).saturating_add(micros);
-    Ok(NodeClock { at: sent + half, node_us, error: half })
+    let time: (u64, u64) = redis::from_redis_value(reply)?;
+    Ok(NodeClock::taken(sent, received, time))
 }
 
 /// Where a connecting node records the server it reached.
@@ -1203,5 +1231,63 @@ mod tests {
         assert_eq!(reply(Ok(Value::Okay)).hangs(), Some(false));
         node.set_hung(false);
         assert!(!node.is_hung(crate::clock::now()));
+    }
+
+    #[test]
+    fn a_clock_readings_error_is_half_its_round_trip_grown_by_the_drift_and_at_least_a_millisecond()
+    {
+        let ms = Duration::from_millis;
+        let sent = crate::clock::now();
+        let reading = NodeClock::taken(sent, sent + ms(6), (1_700_000_000, 250));
+        assert_eq!(reading.at, sent + ms(3), "the midpoint of the round trip");
+        assert_eq!(reading.node_us, 1_700_000_000_000_250);
+        assert_eq!(reading.error(reading.at), ms(3));
+        // 1 ms a second since (CLOCK_DRIFT).
+        assert_eq!(reading.error(reading.at + Duration::from_secs(10)), ms(13));
+        let quick = NodeClock::taken(sent, sent + Duration::from_micros(200), (0, 0));
+        assert_eq!(quick.error(quick.at), timing::CLOCK_MIN_ERROR, "never less");
+    }
+
+    #[test]
+    fn a_clock_reading_is_read_again_once_ten_seconds_old_and_first_once_twenty() {
+        let s = Duration::from_secs;
+        assert_eq!(Freshness::of(Duration::ZERO), Freshness::Fresh);
+        assert_eq!(Freshness::of(timing::CLOCK_RESYNC), Freshness::Fresh);
+        assert_eq!(Freshness::of(s(10) + Duration::from_millis(1)), Freshness::Aging);
+        assert_eq!(Freshness::of(s(20)), Freshness::Aging);
+        assert_eq!(Freshness::of(s(20) + Duration::from_millis(1)), Freshness::Stale);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_creates_deadline_is_the_nodes_clock_plus_the_node_timeout_plus_the_readings_error() {
+        let ms = Duration::from_millis;
+        let node = node();
+        let at = crate::clock::now();
+        // Read with a 2 ms round trip: the node's clock said 1,000,000 s at `at`, give or
+        // take 1 ms.
+        *lock_ignoring_poison(&node.clock) =
+            Some(NodeClock::taken(at - ms(1), at + ms(1), (1_000_000, 0)));
+        tokio::time::advance(Duration::from_secs(3)).await;
+        // 3 s later: the node's clock then, plus the 50 ms the sender waits, plus the
+        // reading's error (1 ms, grown by 3 ms), in the node's milliseconds.
+        assert_eq!(node.deadline(ms(50)).await, 1_000_000_000 + 3_000 + 50 + 4);
+        // A create given up on may run that late: twice the widest error given.
+        assert_eq!(node.late_by(), ms(8));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_node_whose_clock_was_never_read_gets_creates_with_no_deadline() {
+        let node = node();
+        assert_eq!(node.deadline(Duration::from_millis(50)).await, 0, "none");
+        assert_eq!(node.late_by(), timing::UNREAD_CLOCK_ERROR);
+    }
+
+    #[tokio::test]
+    async fn a_request_waits_for_a_connect_unless_the_nodes_last_connect_failed() {
+        let node = node();
+        // Nothing listens there: the connect waited for is refused, and nothing is sent.
+        assert!(matches!(node.connect_first().await, Err(Failure::Refused(_))));
+        // From then on the request's own node timeout bounds its connect.
+        assert!(node.connect_first().await.is_ok(), "not waited for");
     }
 }

@@ -181,10 +181,22 @@ impl<M: Remake> Undos<M> {
     /// reset, a node down that may come back with its data) while what it undoes may have
     /// reached the node (see the module's rules); `false` if it is over.
     fn sends_again(&self, i: usize, outcome: &NodeOutcome, retries: &mut Option<Retries>) -> bool {
-        matches!(outcome, NodeOutcome::TimedOut | NodeOutcome::Unreachable(_))
+        may_pass(outcome)
             && self.core.nodes[i].may_have_reached(self.generations[i])
-            && retries.get_or_insert_with(|| Retries::new(self.core.nodes.len())).again(i, self)
+            && retries.get_or_insert_with(|| Retries::new(self.core.nodes.len())).again(
+                i,
+                self.until,
+                &self.remake,
+            )
     }
+}
+
+/// Whether an undo failed for a reason that may pass: it timed out (the node may be hung,
+/// with what it undoes still to run) or could not reach its node (a reset, a node down that
+/// may come back with its data). Not a refusal, nor an answer: sending it again changes
+/// nothing.
+pub(crate) fn may_pass(outcome: &NodeOutcome) -> bool {
+    matches!(outcome, NodeOutcome::TimedOut | NodeOutcome::Unreachable(_))
 }
 
 /// Counts and logs an undo that failed for good, where what it undoes may have reached the
@@ -214,19 +226,19 @@ impl Retries {
         Self { sent: FuturesUnordered::new(), pauses: vec![timing::RESEND_FIRST; nodes] }
     }
 
-    /// Sends node `i`'s undo again after its pause, unless its keys will have expired by
-    /// then; `false` if not sent.
-    fn again<M: Remake>(&mut self, i: usize, undos: &Undos<M>) -> bool {
+    /// Sends node `i`'s undo again (made by `remake`) after its pause, unless `until` (the
+    /// horizon: its keys will have expired by then) comes first; `false` if not sent.
+    fn again<M: Remake>(&mut self, i: usize, until: Instant, remake: &M) -> bool {
         let Some(pause) = self.pauses.get_mut(i) else { return false };
         let wait = *pause;
-        if crate::clock::now() + wait >= undos.until {
+        if crate::clock::now() + wait >= until {
             return false;
         }
         *pause = (wait * 2).min(timing::RESEND_MAX);
         // Made (and so registered with the client's undos, its slot open) before the pause:
         // a shutdown, or the client's next acquisition of the key, counts it as in flight
         // from now on.
-        let undo = (undos.remake)(i, Slot::new());
+        let undo = remake(i, Slot::new());
         self.sent.push(
             async move {
                 tokio::time::sleep(wait).await;
@@ -279,5 +291,73 @@ impl<M: Remake> Drop for Unfinished<M> {
         let slots = Slots::new(self.undos.core.nodes.len());
         let requests = Rest::new(&slots, left.iter().map(|&i| remake(i, slots.get(i))));
         finish(self.undos.clone(), requests, left, Taken::new(), None, Place::Own);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// An undo that never gets through: each send is recorded (node, when after `start`)
+    /// as it goes out, and times out at once.
+    fn failing(
+        start: tokio::time::Instant,
+        sent: &Arc<Mutex<Vec<(usize, Duration)>>>,
+    ) -> impl Remake + use<> {
+        let sent = sent.clone();
+        move |node, _slot| {
+            let sent = sent.clone();
+            async move {
+                sent.lock().unwrap().push((node, start.elapsed()));
+                (node, NodeOutcome::TimedOut)
+            }
+            .boxed()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn undos_are_resent_with_a_doubling_pause_up_to_the_maximum_until_the_horizon() {
+        let start = tokio::time::Instant::now();
+        let horizon = crate::clock::now() + Duration::from_secs(5);
+        let sent = Arc::new(Mutex::new(Vec::new()));
+        let remake = failing(start, &sent);
+        let mut retries = Retries::new(2);
+        // Node 0's undo failed at once; node 1's a second later.
+        assert!(retries.again(0, horizon, &remake));
+        let mut node_1 = false;
+        while let Some((i, outcome)) = retries.sent.next().await {
+            assert!(may_pass(&outcome));
+            if !node_1 && start.elapsed() >= Duration::from_secs(1) {
+                node_1 = retries.again(1, horizon, &remake);
+            }
+            retries.again(i, horizon, &remake);
+        }
+        let sent = sent.lock().unwrap();
+        let at = |node| -> Vec<u64> {
+            let times = sent.iter().filter(|(i, _)| *i == node);
+            times.map(|(_, at)| u64::try_from(at.as_millis()).unwrap()).collect()
+        };
+        // 50, 100, 200, 400, 800 ms, then 1 s each: none that would go out at or past the
+        // horizon (the next would be at 5.55 s).
+        assert_eq!(at(0), [50, 150, 350, 750, 1550, 2550, 3550, 4550]);
+        // Each node's pauses double on their own, from the first.
+        assert_eq!(at(1), [1600, 1700, 1900, 2300, 3100, 4100]);
+    }
+
+    #[test]
+    fn only_an_undo_that_timed_out_or_could_not_reach_its_node_is_sent_again() {
+        assert!(may_pass(&NodeOutcome::TimedOut));
+        assert!(may_pass(&NodeOutcome::Unreachable("reset".into())));
+        for answered in [
+            NodeOutcome::Ok,
+            NodeOutcome::Absent,
+            NodeOutcome::Held,
+            NodeOutcome::WrongType,
+            NodeOutcome::Failed("NOPERM".into()),
+        ] {
+            assert!(!may_pass(&answered), "{answered:?}");
+        }
     }
 }

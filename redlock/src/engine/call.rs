@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use crate::command::{Command, Resend};
 use crate::error::NodeOutcome;
-use crate::node::{Node, Reply};
+use crate::node::{Failure, Node, Reply};
 use crate::telemetry;
 
 use super::Core;
@@ -73,16 +73,13 @@ impl NodeCall {
                 // attempt's.
                 return (i, NodeOutcome::Absent);
             }
-            let reply = match node.connect_first().await {
-                Err(failure) => Ok(Reply::unconnected(failure)),
-                Ok(()) => tokio::time::timeout(timeout, node.send(&command, timeout)).await,
-            };
-            let reply = match reply {
-                Ok(reply) if reply.is_lost() && op.is_undo() => {
+            let reply = exchange(node.connect_first(), timeout, || node.send(&command, timeout));
+            let reply = match reply.await {
+                Some(reply) if reply.is_lost() && op.is_undo() => {
                     // Rare: boxed, so that every request's future stays small.
                     Box::pin(undo_again(&node, &command, timeout, reply, since)).await
                 }
-                reply => reply.ok(),
+                reply => reply,
             };
             if let Some(hangs) = reply.as_ref().map_or(Some(true), Reply::hangs) {
                 node.set_hung(hangs);
@@ -105,6 +102,21 @@ impl NodeCall {
     }
 }
 
+/// One exchange with a node: `connected` (the wait for its connection, which bounds
+/// itself: see `Node::connect_first`), then `send`, given `timeout` from the moment the
+/// connection is there; `None` when the request ran out of it.
+async fn exchange<C, S, F>(connected: C, timeout: Duration, send: S) -> Option<Reply>
+where
+    C: Future<Output = Result<(), Failure>>,
+    S: FnOnce() -> F,
+    F: Future<Output = Reply>,
+{
+    match connected.await {
+        Err(failure) => Some(Reply::unconnected(failure)),
+        Ok(()) => tokio::time::timeout(timeout, send()).await.ok(),
+    }
+}
+
 /// Sends a lost undo (`first`) again until it is no longer lost (answered, refused), the
 /// pauses run out, or a try times out (`None`). Every undo is safe to repeat, and its
 /// tombstone makes a repeat answer what the first send did. Not sent again while no
@@ -120,13 +132,25 @@ async fn undo_again(
     if command.resend() != Resend::Safe {
         return Some(first);
     }
+    let reached = || node.may_have_reached(since);
+    resend_lost(first, reached, || tokio::time::timeout(timeout, node.send(command, timeout))).await
+}
+
+/// [`undo_again`]'s pacing, with the node behind two seams: `reached` says whether what the
+/// undo undoes may have left the client, `send` sends it once more (`Err` when that try
+/// timed out).
+async fn resend_lost<S, F>(first: Reply, reached: impl Fn() -> bool, mut send: S) -> Option<Reply>
+where
+    S: FnMut() -> F,
+    F: Future<Output = Result<Reply, tokio::time::error::Elapsed>>,
+{
     let mut reply = first;
     for pause in timing::UNDO_AGAIN {
-        if !node.may_have_reached(since) {
+        if !reached() {
             break;
         }
         tokio::time::sleep(pause).await;
-        reply = tokio::time::timeout(timeout, node.send(command, timeout)).await.ok()?;
+        reply = send().await.ok()?;
         if !reply.is_lost() {
             break;
         }
@@ -144,5 +168,100 @@ impl Op {
     /// Whether the request takes something back.
     pub(crate) fn is_undo(self) -> bool {
         matches!(self, Self::Release | Self::CleanUp)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use redis::Value;
+    use tokio::time::Instant;
+
+    use super::*;
+
+    fn lost() -> Reply {
+        Reply::unconnected(Failure::Unreachable("reset".into()))
+    }
+
+    fn answered() -> Reply {
+        Reply { value: Ok(Value::Int(1)) }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_is_given_the_node_timeout_once_its_connection_is_there() {
+        let timeout = Duration::from_millis(50);
+        let start = Instant::now();
+        // A connect of 800 ms (bounded by the connect timeout, not this one), then a node
+        // that never answers: timed out a node timeout after the connection was there.
+        let connected = async {
+            tokio::time::sleep(Duration::from_millis(800)).await;
+            Ok(())
+        };
+        let reply = exchange(connected, timeout, std::future::pending::<Reply>).await;
+        assert!(reply.is_none(), "timed out");
+        assert_eq!(start.elapsed(), Duration::from_millis(850));
+        // An answer within the node timeout is the reply.
+        let start = Instant::now();
+        let slow = || async {
+            tokio::time::sleep(Duration::from_millis(49)).await;
+            answered()
+        };
+        let reply = exchange(async { Ok(()) }, timeout, slow).await;
+        assert!(matches!(reply, Some(Reply { value: Ok(Value::Int(1)) })));
+        assert_eq!(start.elapsed(), Duration::from_millis(49));
+        // A connect that failed sends nothing, and is a reply of its own at once.
+        let refused = async { Err(Failure::Refused("refused".into())) };
+        let sent = std::cell::Cell::new(false);
+        let reply = exchange(refused, timeout, || {
+            sent.set(true);
+            std::future::pending::<Reply>()
+        })
+        .await;
+        assert!(reply.is_some_and(|reply| reply.hangs().is_none()), "unreachable");
+        assert!(!sent.get());
+    }
+
+    /// When each send of a lost undo went out, after the first, from the start of the test.
+    async fn resends(replies: Vec<Option<Reply>>, reached: bool) -> (Option<Reply>, Vec<Duration>) {
+        let start = Instant::now();
+        let sent = Mutex::new(Vec::new());
+        let replies = Mutex::new(replies.into_iter());
+        let send = || {
+            sent.lock().unwrap().push(start.elapsed());
+            let reply = replies.lock().unwrap().next().flatten();
+            async move {
+                match reply {
+                    Some(reply) => Ok(reply),
+                    None => {
+                        tokio::time::timeout(Duration::from_millis(50), std::future::pending())
+                            .await
+                    }
+                }
+            }
+        };
+        let reply = resend_lost(lost(), || reached, send).await;
+        (reply, sent.into_inner().unwrap())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_undo_is_sent_again_after_10_50_and_200_ms_until_it_is_answered() {
+        let ms = Duration::from_millis;
+        let (reply, sent) = resends(vec![Some(lost()), Some(lost()), Some(lost())], true).await;
+        assert_eq!(sent, [ms(10), ms(60), ms(260)], "the pauses of UNDO_AGAIN");
+        assert!(reply.is_some_and(|reply| reply.is_lost()), "lost still: the round counts it");
+        let (reply, sent) = resends(vec![Some(lost()), Some(answered())], true).await;
+        assert_eq!(sent, [ms(10), ms(60)], "no more once answered");
+        assert!(reply.is_some_and(|reply| !reply.is_lost()));
+        let (reply, sent) = resends(vec![Some(lost()), None, Some(answered())], true).await;
+        assert_eq!(sent, [ms(10), ms(60)], "no more once a try timed out");
+        assert!(reply.is_none(), "timed out");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_undo_is_not_sent_again_where_nothing_it_undoes_left_the_client() {
+        let (reply, sent) = resends(vec![Some(answered())], false).await;
+        assert!(sent.is_empty());
+        assert!(reply.is_some_and(|reply| reply.is_lost()), "the first send's answer");
     }
 }

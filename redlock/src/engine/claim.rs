@@ -144,8 +144,8 @@ impl<P: Protocol> Claim<P> {
         // bare quorum survives more failures.
         let (round, rest) = round::run_acquire(requests, started_at, &core.nodes).await;
         round::finish(&core.tasks, rest);
-        let err = match round.settled {
-            Settled::Reached if round.decided_at < claim.deadline => {
+        let err = match verdict(round.settled, round.decided_at, claim.deadline) {
+            Verdict::Granted => {
                 let fence = match fenced {
                     false => Ok(None),
                     true => {
@@ -172,7 +172,7 @@ impl<P: Protocol> Claim<P> {
                     Err(err) => err,
                 }
             }
-            Settled::Reached => Error::round(
+            Verdict::Expired => Error::round(
                 ErrorKind::Expired,
                 format!(
                     "the round took {:?}, which with the drift allowance of {:?} leaves nothing of a {:?} lease",
@@ -183,7 +183,7 @@ impl<P: Protocol> Claim<P> {
                 &claim.resource,
                 round.report(&core.nodes),
             ),
-            Settled::Failed(kind) => {
+            Verdict::Refused(kind) => {
                 let mut report = round.report(&core.nodes);
                 for (node, holder) in proto.holders() {
                     report.note_holder(node, holder);
@@ -513,10 +513,7 @@ impl<P: Protocol> Claim<P> {
         // the answers that came while it waited for its stragglers, and the undos that
         // failed for a reason that may pass, which are sent again whenever they came.
         let taken: background::Taken = (round.outcomes.iter().enumerate())
-            .filter(|&(i, outcome)| {
-                round.lingered.contains(&i)
-                    || matches!(outcome, NodeOutcome::TimedOut | NodeOutcome::Unreachable(_))
-            })
+            .filter(|&(i, outcome)| round.lingered.contains(&i) || background::may_pass(outcome))
             .map(|(i, outcome)| (i, outcome.clone()))
             .collect();
         background::finish(undos, rest, pending, taken, Some(tracked), Place::Caller);
@@ -550,11 +547,7 @@ impl<P: Protocol> Claim<P> {
     fn horizon(&self) -> Instant {
         let config = &self.core.config;
         let late_by = self.core.nodes.iter().map(|node| node.late_by()).max().unwrap_or_default();
-        self.expires_by
-            + config.connect_timeout
-            + config.node_timeout * 2
-            + late_by
-            + self.ttl.drift()
+        horizon(self.expires_by, (config.connect_timeout, config.node_timeout), late_by, self.ttl)
     }
 
     /// An undo's arguments: its tombstone lives from now until [`Claim::horizon`], so that
@@ -624,11 +617,115 @@ impl<P: Protocol> Claim<P> {
     }
 }
 
+/// What an acquisition round makes of its attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Verdict {
+    /// A quorum said yes before the validity deadline.
+    Granted,
+    /// A quorum said yes, but the round was decided at or past the deadline: nothing of the
+    /// lease is left to hand out.
+    Expired,
+    /// No quorum, for the reason given.
+    Refused(ErrorKind),
+}
+
+/// The verdict of an acquisition round settled as `settled` at `decided_at`, for a lease
+/// valid until `deadline` (counted from the round's start, less the drift allowance).
+fn verdict(settled: Settled, decided_at: Instant, deadline: Instant) -> Verdict {
+    match settled {
+        Settled::Reached if decided_at < deadline => Verdict::Granted,
+        Settled::Reached => Verdict::Expired,
+        Settled::Failed(kind) => Verdict::Refused(kind),
+    }
+}
+
+/// [`Claim::horizon`] of a hold whose creates and renewals may set keys living until
+/// `expires_by`, on nodes given `(connect_timeout, node_timeout)` and whose creates may run
+/// up to `late_by` past their sender's timeout (see `Node::late_by`), with `ttl`'s drift.
+fn horizon(
+    expires_by: Instant,
+    (connect_timeout, node_timeout): (Duration, Duration),
+    late_by: Duration,
+    ttl: Ttl,
+) -> Instant {
+    expires_by + connect_timeout + node_timeout * 2 + late_by + ttl.drift()
+}
+
 impl<P: Protocol> Drop for Claim<P> {
     fn drop(&mut self) {
         if self.armed {
             self.count_end_unawaited("dropped");
             self.release_detached();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use smallvec::smallvec;
+
+    use super::*;
+    use crate::engine::slot::Slots;
+
+    /// A round over nodes that answer `Ok` or `Held` after the given milliseconds, or never,
+    /// decided like an acquisition; with the verdict for a lease of `ttl` counted from its
+    /// start.
+    async fn attempt(answers: &[(NodeOutcome, Option<u64>)], ttl: Ttl) -> (Verdict, Duration) {
+        let started_at = clock::now();
+        let answers = answers.to_vec();
+        let slots = Slots::new(answers.len());
+        let requests = round::Rest::new(
+            &slots,
+            answers.into_iter().enumerate().map(|(i, (outcome, after))| async move {
+                match after {
+                    Some(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+                    None => std::future::pending().await,
+                }
+                (i, outcome)
+            }),
+        );
+        let outcomes = smallvec![NodeOutcome::Pending; slots.len()];
+        let (round, _rest) =
+            round::run_until(requests, outcomes, started_at, |t, _| quorum::settle_acquire(t))
+                .await;
+        (verdict(round.settled, round.decided_at, ttl.deadline(started_at)), round.elapsed())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_grant_needs_a_quorum_of_ok_replies_decided_within_the_validity() {
+        use NodeOutcome::{Held, Ok};
+        // 1 s, less a drift of 10 + 2 ms: valid for 988 ms from the round's start.
+        let ttl = Ttl::new(Duration::from_secs(1), 0.01).unwrap();
+        let ms = Duration::from_millis;
+        let quick = [(Ok, Some(10)), (Ok, Some(20)), (Ok, Some(30)), (Held, None), (Ok, None)];
+        assert_eq!(attempt(&quick, ttl).await, (Verdict::Granted, ms(30)), "the third yes");
+        let late = [(Ok, Some(10)), (Ok, Some(20)), (Ok, Some(987)), (Ok, None), (Ok, None)];
+        assert_eq!(attempt(&late, ttl).await, (Verdict::Granted, ms(987)));
+        let late = [(Ok, Some(10)), (Ok, Some(20)), (Ok, Some(988)), (Ok, None), (Ok, None)];
+        assert_eq!(attempt(&late, ttl).await, (Verdict::Expired, ms(988)), "nothing left");
+        let held =
+            [(Ok, Some(10)), (Held, Some(20)), (Held, Some(30)), (Held, Some(40)), (Ok, None)];
+        let refused = Verdict::Refused(ErrorKind::NotAcquired);
+        assert_eq!(attempt(&held, ttl).await, (refused, ms(40)), "a quorum is out of reach");
+    }
+
+    #[test]
+    fn the_horizon_is_the_last_lease_plus_a_connect_two_node_timeouts_the_late_runs_and_the_drift()
+    {
+        let at = clock::now();
+        let ttl = Ttl::new(Duration::from_secs(10), 0.01).unwrap();
+        let timeouts = (Duration::from_secs(1), Duration::from_millis(50));
+        let late_by = Duration::from_millis(4);
+        let expires_by = at + ttl.duration();
+        // 10 s + 1 s + 2 x 50 ms + 4 ms + (100 + 2) ms.
+        let expected = at + Duration::from_millis(10_000 + 1_000 + 100 + 4 + 102);
+        assert_eq!(horizon(expires_by, timeouts, late_by, ttl), expected);
+        // Each term counts in full.
+        let later = |by: u64| expected + Duration::from_millis(by);
+        assert_eq!(horizon(expires_by, (timeouts.0 * 2, timeouts.1), late_by, ttl), later(1000));
+        assert_eq!(horizon(expires_by, (timeouts.0, timeouts.1 * 2), late_by, ttl), later(100));
+        assert_eq!(horizon(expires_by, timeouts, late_by * 2, ttl), later(4));
+        let longer = expires_by + Duration::from_secs(5);
+        assert_eq!(horizon(longer, timeouts, late_by, ttl), later(5000));
     }
 }

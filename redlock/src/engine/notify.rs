@@ -238,16 +238,14 @@ async fn subscriber(
     registry: Arc<Mutex<Registry>>,
     mut commands: mpsc::UnboundedReceiver<Subscription>,
 ) {
-    let mut backoff = timing::SUBSCRIBE_BACKOFF.0;
+    let mut backoff = Backoff::default();
     loop {
-        match serve(node, &client, timeout, &registry, &mut commands).await {
+        let pause = match serve(node, &client, timeout, &registry, &mut commands).await {
             Served::ClientGone => return,
-            // Connected and subscribed before it broke: the node is back, retry soon.
-            Served::Lost { was_up: true } => backoff = timing::SUBSCRIBE_BACKOFF.0,
-            Served::Lost { was_up: false } => {}
-        }
+            Served::Lost { was_up } => backoff.after(was_up),
+        };
         // While disconnected, queued commands are moot: the registry is re-read on connect.
-        let pause = tokio::time::sleep(backoff);
+        let pause = tokio::time::sleep(pause);
         tokio::pin!(pause);
         loop {
             tokio::select! {
@@ -255,7 +253,30 @@ async fn subscriber(
                 command = commands.recv() => if command.is_none() { return },
             }
         }
-        backoff = (backoff * 2).min(timing::SUBSCRIBE_BACKOFF.1);
+    }
+}
+
+/// The pauses before a subscriber reconnects: from the shortest of
+/// [`timing::SUBSCRIBE_BACKOFF`], doubling up to its longest while the node stays down.
+#[derive(Debug)]
+struct Backoff(Duration);
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self(timing::SUBSCRIBE_BACKOFF.0)
+    }
+}
+
+impl Backoff {
+    /// The pause after a connection was lost; `was_up` when it had connected and
+    /// subscribed before it broke: the node is back, so the next try is soon.
+    fn after(&mut self, was_up: bool) -> Duration {
+        if was_up {
+            *self = Self::default();
+        }
+        let pause = self.0;
+        self.0 = (pause * 2).min(timing::SUBSCRIBE_BACKOFF.1);
+        pause
     }
 }
 
@@ -329,5 +350,15 @@ mod tests {
         assert!(!channel.published(0, 3));
         assert!(!channel.published(1, 3));
         assert!(channel.published(4, 3), "the next release, on another quorum");
+    }
+
+    #[test]
+    fn subscribers_reconnect_after_a_pause_doubling_from_50_ms_to_2_s() {
+        let mut backoff = Backoff::default();
+        let pauses: Vec<u64> =
+            (0..8).map(|_| u64::try_from(backoff.after(false).as_millis()).unwrap()).collect();
+        assert_eq!(pauses, [50, 100, 200, 400, 800, 1600, 2000, 2000]);
+        assert_eq!(backoff.after(true), Duration::from_millis(50), "a node back: soon");
+        assert_eq!(backoff.after(false), Duration::from_millis(100));
     }
 }

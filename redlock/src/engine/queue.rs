@@ -270,7 +270,7 @@ impl Ticket {
     /// An outcome other than [`Outcome::Held`] or [`Outcome::Granted`] counts for no one
     /// else.
     pub(crate) async fn follow(&mut self, number: u64, patience: Duration) -> Option<Outcome> {
-        let asked = Instant::now();
+        let asked = crate::clock::monotonic();
         loop {
             let progress = self.line.progress.notified();
             tokio::pin!(progress);
@@ -287,10 +287,12 @@ impl Ticket {
                     return Some(Outcome::Granted);
                 }
                 // Idle since it was asked (or since its last attempt ended, if later).
-                let idle = state.ended_at.map_or(asked, |ended| ended.max(asked)).elapsed();
+                let now = crate::clock::monotonic();
+                let since = |at: Instant| now.saturating_duration_since(at);
+                let idle = since(state.ended_at.map_or(asked, |ended| ended.max(asked)));
                 let stalled = match state.in_flight {
                     0 => state.started < number && idle >= timing::STALL,
-                    _ => state.started_at.is_some_and(|started| started.elapsed() >= patience),
+                    _ => state.started_at.is_some_and(|started| since(started) >= patience),
                 };
                 if stalled {
                     return None;
@@ -307,12 +309,13 @@ impl Ticket {
             let mut state = lock(&self.line.state);
             state.started += 1;
             state.in_flight += 1;
-            state.started_at = Some(Instant::now());
+            state.started_at = Some(crate::clock::monotonic());
             state.started
         };
         self.seen = number;
         self.line.progress.notify_waiters();
-        Attempt { line: &self.line, number, outcome: Outcome::Other, started: Instant::now() }
+        let started = crate::clock::monotonic();
+        Attempt { line: &self.line, number, outcome: Outcome::Other, started }
     }
 
     /// Whether a release or a waiter behind called this one since it last looked.
@@ -393,8 +396,9 @@ impl Drop for Attempt<'_> {
     fn drop(&mut self) {
         let mut state = lock(&self.line.state);
         state.in_flight = state.in_flight.saturating_sub(1);
-        state.ended_at = Some(Instant::now());
-        state.took = self.started.elapsed();
+        let now = crate::clock::monotonic();
+        state.ended_at = Some(now);
+        state.took = now.saturating_duration_since(self.started);
         if state.ended.0 < self.number {
             state.ended = (self.number, std::mem::take(&mut self.outcome));
         }
@@ -480,5 +484,53 @@ mod tests {
         assert!(!request(&["doc"], false, false).queues(), "a share does not queue");
         assert_ne!(request(&["doc"], true, true), request(&["doc"], true, false));
         assert_ne!(request(&["doc"], true, false), request(&["doc", "b"], true, false));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_behind_takes_the_first_ones_place_when_no_attempt_starts_within_the_stall() {
+        let lines = Arc::new(Lines::default());
+        let doc = request(&["doc"], true, false);
+        let first = lines.join(&doc);
+        let mut second = lines.join(&doc);
+        let Turn::Follow(number) = second.turn(false) else { panic!("not first") };
+        let asked = tokio::time::Instant::now();
+        // The first waiter is never polled again (its runtime blocked, say).
+        assert!(second.follow(number, Duration::from_secs(60)).await.is_none());
+        assert_eq!(asked.elapsed(), timing::STALL);
+        assert!(matches!(second.turn(true), Turn::Attempt), "its place");
+        drop(first);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_behind_follows_an_attempt_for_its_patience_then_attempts_itself() {
+        let lines = Arc::new(Lines::default());
+        let doc = request(&["doc"], true, false);
+        let patience = Duration::from_millis(150);
+        let attempt = |mut first: Ticket, took: u64| async move {
+            let attempt = first.attempting();
+            tokio::time::sleep(Duration::from_millis(took)).await;
+            let held = Error::local(ErrorKind::NotAcquired, "held", "doc");
+            attempt.found(Outcome::Held(held));
+            first
+        };
+        // An attempt that ends within the patience is the follower's too.
+        let first = lines.join(&doc);
+        let mut second = lines.join(&doc);
+        let first = tokio::spawn(attempt(first, 120));
+        tokio::task::yield_now().await;
+        let Turn::Follow(number) = second.turn(false) else { panic!("not behind") };
+        assert!(matches!(second.follow(number, patience).await, Some(Outcome::Held(_))));
+        drop(first.await.unwrap());
+        drop(second);
+        // One still in flight past it: its waiter stalled. Checked every STALL.
+        let first = lines.join(&doc);
+        let mut second = lines.join(&doc);
+        let first = tokio::spawn(attempt(first, 10_000));
+        tokio::task::yield_now().await;
+        let asked = tokio::time::Instant::now();
+        let Turn::Follow(number) = second.turn(false) else { panic!("not behind") };
+        assert!(second.follow(number, patience).await.is_none());
+        assert!(asked.elapsed() >= patience && asked.elapsed() <= patience + timing::STALL);
+        first.abort();
     }
 }

@@ -554,6 +554,58 @@ mod tests {
         assert_eq!(grace(&round(30)), timing::LINGER_MAX);
     }
 
+    /// Node `i` answers `answers[i].0` after `answers[i].1` milliseconds.
+    fn answering(
+        answers: &[(NodeOutcome, u64)],
+    ) -> Rest<impl Future<Output = (usize, NodeOutcome)> + Send + 'static + use<>> {
+        let answers = answers.to_vec();
+        Rest::new(
+            &Slots::new(answers.len()),
+            answers.into_iter().enumerate().map(|(i, (outcome, ms))| async move {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                (i, outcome)
+            }),
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_round_is_decided_at_the_quorum_or_once_it_is_out_of_reach() {
+        use NodeOutcome::{Absent, Ok};
+        let (first, second) = (nodes(5), nodes(5));
+        let ms = Duration::from_millis;
+        // The third yes decides; the stragglers are not waited for past the short linger.
+        let answers = [(Ok, 1), (Ok, 2), (Ok, 4), (Ok, 40), (Ok, 40)];
+        let (round, _) = run(answering(&answers), clock::now(), quorum::settle_hold, &first).await;
+        assert_eq!(round.settled, Settled::Reached);
+        assert_eq!(round.elapsed(), ms(4) + timing::LINGER_MAX, "decided at 4 ms, then lingered");
+        // Three nodes without the hold: no quorum can say yes any more.
+        let answers = [(Absent, 1), (Ok, 2), (Absent, 3), (Absent, 5), (Ok, 40)];
+        let (round, _) = run(answering(&answers), clock::now(), quorum::settle_hold, &second).await;
+        assert_eq!(round.settled, Settled::Failed(crate::error::ErrorKind::NotHeld));
+        assert_eq!(round.elapsed(), ms(5) + timing::LINGER_MAX);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_attempt_refused_for_contention_does_not_wait_for_a_hung_node() {
+        use NodeOutcome::{Held, Ok, TimedOut};
+        let refused = Settled::Failed(crate::error::ErrorKind::NotAcquired);
+        // Node 4 times out at the node timeout (50 ms); the others split 2 against 2.
+        let answers = [(Held, 1), (Held, 2), (Ok, 3), (Ok, 4), (TimedOut, 50)];
+        let nodes = nodes(5);
+        let (round, _) = run_acquire(answering(&answers), clock::now(), &nodes).await;
+        assert_eq!(round.settled, refused);
+        assert_eq!(round.elapsed(), Duration::from_millis(50), "its yes could make a quorum");
+        assert!(nodes[4].is_late(clock::now()), "timed out");
+        // Once a request to it timed out, a refusal the others show does not wait for it.
+        nodes[4].set_hung(true);
+        let (round, _) = run_acquire(answering(&answers), clock::now(), &nodes).await;
+        assert_eq!(round.settled, refused);
+        // At 3 ms only node 4's yes could still make a quorum with node 3's; nor is the
+        // decision lingered on: node 4 is late.
+        assert_eq!(round.elapsed(), Duration::from_millis(3));
+        assert_eq!(round.outcomes[4], NodeOutcome::Pending);
+    }
+
     #[tokio::test]
     async fn an_empty_round_is_over_at_once() {
         let answered = Arc::new(AtomicUsize::new(0));

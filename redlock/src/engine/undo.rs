@@ -248,4 +248,24 @@ mod tests {
         assert_eq!(undos.registered.load(Ordering::Acquire), 0);
         assert!(undos.lock().is_empty());
     }
+
+    #[test]
+    fn an_acquisition_names_only_the_newest_abandoned_holds_up_to_the_bound() {
+        let undos = Undos::new(1);
+        let key = keys(&["doc"]);
+        let slots: Vec<Slot> = (0..timing::MAX_ABANDONED + 4).map(|_| Slot::new()).collect();
+        let tracked: Vec<Tracked> = (slots.iter().enumerate())
+            .map(|(i, slot)| undos.track_one(0, &key, Some(&token(&format!("t{i}"))), slot))
+            .collect();
+        let newest: Vec<Abandoned> =
+            (4..timing::MAX_ABANDONED + 4).rev().map(|i| token(&format!("t{i}"))).collect();
+        assert_eq!(undos.abandoned(&key), newest, "the newest 16, newest first");
+        // Once the newest are answered, older ones still in flight take their places.
+        for slot in &slots[10..] {
+            drop(SettleOnDrop::new(slot.clone()));
+        }
+        let left: Vec<Abandoned> = (0..10).rev().map(|i| token(&format!("t{i}"))).collect();
+        assert_eq!(undos.abandoned(&key), left);
+        drop(tracked);
+    }
 }

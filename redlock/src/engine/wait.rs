@@ -44,7 +44,7 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T>>,
 {
-    let first = Instant::now();
+    let first = crate::clock::monotonic();
     let mut counted = 0u32;
     // Whether this tick counts against the policy: not one a wake-up brought.
     let mut counts = true;
@@ -75,7 +75,7 @@ where
         let mut paced = Duration::ZERO;
         let (err, attempted) = match turn {
             Turn::Attempt => {
-                let started = Instant::now();
+                let started = crate::clock::monotonic();
                 let mark = ticket.as_deref_mut().map(Ticket::attempting);
                 let err = match attempt().await {
                     Ok(lock) => {
@@ -91,7 +91,7 @@ where
                 if let Some(mark) = mark {
                     mark.found(if held { Outcome::Held(err.clone()) } else { Outcome::Other });
                 }
-                (err, Some(started.elapsed()))
+                (err, Some(crate::clock::monotonic().saturating_duration_since(started)))
             }
             Turn::Follow(number) => {
                 let Some(ticket) = ticket.as_deref_mut() else { continue };
@@ -125,9 +125,7 @@ where
             telling = Some(Error::most_telling(telling.take(), err.clone()));
         }
         if let Some(took) = attempted
-            && woken
-            && err.granted() > 0
-            && splits < timing::SPLIT_RETRIES
+            && split_again(woken, err.granted(), splits)
         {
             // Some nodes said yes: another waiter woken by the same release split the
             // votes. Try again at once, but not in lockstep with it.
@@ -140,7 +138,7 @@ where
         let due = match next_counted {
             Some(due) if woken => due,
             _ => {
-                let Some(pause) = retry.next_pause(counted, first.elapsed().saturating_add(paced))
+                let Some(pause) = retry.next_pause(counted, waited(first).saturating_add(paced))
                 else {
                     return Err(Error::most_telling(telling, err));
                 };
@@ -193,8 +191,86 @@ async fn next_turn(
     }
 }
 
+/// Whether a refused attempt is tried again at once rather than after the policy's pause:
+/// a release woke it and some nodes said yes (another waiter woken by the same release
+/// split the votes), `splits` times so far of at most [`timing::SPLIT_RETRIES`].
+fn split_again(woken: bool, granted: usize, splits: u32) -> bool {
+    woken && granted > 0 && splits < timing::SPLIT_RETRIES
+}
+
+/// How long since `first`.
+fn waited(first: Instant) -> Duration {
+    crate::clock::monotonic().saturating_duration_since(first)
+}
+
 /// The instant `pause` from now; far in the future for a pause too long to add.
 fn after(pause: Duration) -> Instant {
-    let now = Instant::now();
+    let now = crate::clock::monotonic();
     now.checked_add(pause).unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::node::Node;
+
+    /// A client over three nodes it never reaches, its notifications off (waits poll).
+    fn core() -> Arc<Core> {
+        let nodes = (0..3)
+            .map(|i| {
+                let client = redis::Client::open(format!("redis://127.0.0.1:{}", 1 + i)).unwrap();
+                let timeout = Duration::from_millis(50);
+                Arc::new(Node::new(client, timeout, Duration::ZERO, Arc::default(), Arc::default()))
+            })
+            .collect();
+        let core = Arc::new(Core::new(nodes, crate::config::config(""), Arc::default()));
+        core.releases.stop();
+        core
+    }
+
+    /// When each attempt of a wait under `retry` started (ms from the wait's start), each
+    /// taking 10 ms and refused; with when the wait gave up.
+    async fn attempts(retry: &Retry) -> (Vec<u64>, u64) {
+        let core = core();
+        let request = Request::shared("lock", "doc".into());
+        let start = tokio::time::Instant::now();
+        let ms = |at: tokio::time::Instant| u64::try_from(at.duration_since(start).as_millis());
+        let started = Mutex::new(Vec::new());
+        let attempt = || {
+            started.lock().unwrap().push(ms(tokio::time::Instant::now()).unwrap());
+            async {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                Err::<(), _>(Error::local(ErrorKind::NotAcquired, "held", "doc"))
+            }
+        };
+        let err = until_acquired(&core, retry, &request, None, "doc", attempt).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::NotAcquired, "the last attempt's error");
+        let gave_up = ms(tokio::time::Instant::now()).unwrap();
+        (started.into_inner().unwrap(), gave_up)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_gives_up_at_its_deadline() {
+        let every_100_ms =
+            Retry::new().with_delay(Duration::from_millis(100)).with_jitter(Duration::ZERO);
+        // No attempt starts that could not within the second: the last at 990 ms.
+        let patient = every_100_ms.with_unbounded_attempts().with_max_wait(Duration::from_secs(1));
+        let (started, gave_up) = attempts(&patient).await;
+        assert_eq!(started, (0..10).map(|k| k * 110).collect::<Vec<_>>(), "paced by the policy");
+        assert_eq!(gave_up, 1000, "over with the last attempt, within max_wait");
+        // Or after its attempts.
+        let (started, gave_up) = attempts(&every_100_ms.with_max_attempts(3)).await;
+        assert_eq!((started, gave_up), (vec![0, 110, 220], 230));
+    }
+
+    #[test]
+    fn a_split_vote_after_a_release_is_tried_again_at_once_three_times_at_most() {
+        assert!(split_again(true, 2, 0));
+        assert!(split_again(true, 1, timing::SPLIT_RETRIES - 1));
+        assert!(!split_again(true, 1, timing::SPLIT_RETRIES), "then the policy's pause");
+        assert!(!split_again(true, 0, 0), "nobody said yes: held, not split");
+        assert!(!split_again(false, 2, 0), "not woken: a timer's tick");
+    }
 }

@@ -256,4 +256,17 @@ mod tests {
             NodeOutcome::WriterWaiting
         );
     }
+
+    #[test]
+    fn a_writers_intent_lasts_from_one_attempt_to_the_next_and_its_withdrawal_past_the_last() {
+        let mut config = crate::config::config("");
+        let eager = Retry::new().with_delay(Duration::ZERO).with_jitter(Duration::ZERO);
+        config.node_timeout = Duration::from_millis(5);
+        let intent = Intent::new(&config, &eager);
+        assert_eq!(intent.ms, 50, "never shorter than MIN_INTENT");
+        let slow = Retry::new().with_delay(Duration::from_secs(1)).with_jitter(Duration::ZERO);
+        assert_eq!(Intent::new(&config, &slow).ms, 2_020, "2 x 1 s + 4 x 5 ms");
+        // A connect timeout (1 s), two node timeouts and an unread clock's error (1 s).
+        assert_eq!(intent.withdrawn_ms, 1_000 + 10 + 1_000);
+    }
 }

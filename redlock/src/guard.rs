@@ -201,8 +201,8 @@ macro_rules! guard {
             #[doc = concat!("Keeps this ", $what, " on the nodes for `hold` from now, then lets go")]
             /// of it without releasing it: nobody gets the lock until `hold` has passed
             /// (the nodes' keys expire then), not even this client. The recipe for work that
-            /// must run once per schedule: take the lock (the default retry's few attempts
-            /// pull machines started together out of a split vote), do the work, and on
+            /// must run once per schedule: take the lock (the default wait pulls machines
+            /// started together out of a split vote), do the work, and on
             /// success keep the lock until the end of the schedule's window, so that a
             /// machine that starts late (or retries, or waited) in the same window is
             /// refused instead of running the work again; on failure, release it so that

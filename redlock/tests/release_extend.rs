@@ -326,7 +326,9 @@ async fn a_job_kept_after_success_runs_once_per_round_and_a_failed_one_is_run_by
     use std::sync::atomic::{AtomicUsize, Ordering};
     let cluster = common::cluster(3);
     let keep = Duration::from_secs(6);
-    let starter = redlock::Retry::new();
+    // A few attempts: the keep (6 s) is shorter than the default wait (one 10 s TTL), which
+    // would outlast it.
+    let starter = redlock::Retry::new().with_max_attempts(3);
     let waiter = redlock::Retry::new()
         .with_unbounded_attempts()
         .with_delay(Duration::from_millis(50))

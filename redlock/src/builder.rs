@@ -24,7 +24,7 @@ impl Redlock {
 /// connections open lazily, on first use, so a node that is down at start-up is fine.
 ///
 /// # Default
-/// - `ttl`: 10 s (the lease of `lock()` and `try_lock()`)
+/// - `ttl`: 10 s (the TTL of every grant and extension that names none)
 /// - `node_timeout`: 50 ms per node, per request, from when its node has a connection
 /// - `connect_timeout`: 1 s (the longest one connection attempt may run; a request to a
 ///   node with no connection waits for it first)

@@ -58,7 +58,7 @@ impl Options {
 macro_rules! options {
     ($name:ident) => {
         impl $name<'_> {
-            /// The lease of this lock, instead of the client's default
+            /// The TTL of this lock, instead of the client's default
             /// ([`RedlockBuilder::ttl`](crate::RedlockBuilder::ttl)). Checked when awaited:
             /// at least 1 ms and longer than its drift allowance.
             pub fn ttl(mut self, ttl: Duration) -> Self {

@@ -14,6 +14,7 @@
 //! Our other kinds ([`Impl::KINDS`]: fenced, reentrant, multi, read, write, a counting
 //! lock's permit) run against our plain lock in the same rounds.
 
+mod attempts;
 mod client;
 mod machine;
 mod run;

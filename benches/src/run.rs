@@ -67,7 +67,7 @@ pub async fn handoff_batch(
 ) -> Samples {
     let turns = Turns::default();
     let deadline = Instant::now() + duration;
-    let failed_before = redlock::bench_internals::failed_attempts();
+    let failed_before = crate::attempts::failed();
     let handles: Vec<_> = (0..tasks)
         .map(|_| {
             let (client, key, turns) = (client.clone(), key.to_owned(), turns.clone());
@@ -91,8 +91,10 @@ pub async fn handoff_batch(
         }
     }
     total.latencies = turns.gaps();
-    if client.kind() == crate::Impl::Ours {
-        total.failed_attempts = redlock::bench_internals::failed_attempts() - failed_before;
+    if client.kind() == crate::Impl::Ours
+        && let (Some(before), Some(after)) = (failed_before, crate::attempts::failed())
+    {
+        total.failed_attempts = after - before;
     }
     total
 }

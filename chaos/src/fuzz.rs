@@ -30,6 +30,8 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use redlock::{Guard, Redlock, Retry};
+
+use crate::Fence;
 use redlock_testkit::{Cluster, FaultyCluster, Fuzz, Grant, GrantId, History, Mode, NodeConfig};
 use tokio::task::JoinSet;
 
@@ -446,14 +448,14 @@ impl Actor {
 
     /// Records the hold (a permit also in its slot's history), keeps it a while (extending
     /// it at random), then ends it.
-    async fn hold<G: Guard>(&mut self, mut lock: G, mode: Mode, slot: Option<u32>) -> bool {
+    async fn hold<G: Guard + Fence>(&mut self, mut lock: G, mode: Mode, slot: Option<u32>) -> bool {
         let granted_at = Instant::now();
         let window = |lock: &G| {
             let grant = Grant {
                 mode,
                 ..Grant::new(self.client, lock.token(), granted_at, lock.deadline())
             };
-            match lock.fencing_token() {
+            match lock.fencing() {
                 Some(fence) => grant.with_fence(fence),
                 None => grant,
             }

@@ -29,6 +29,31 @@ mod report;
 mod run;
 mod scenario;
 
+/// The fencing token of any kind of guard: only the kinds that can be fenced have one.
+trait Fence {
+    fn fencing(&self) -> Option<u64>;
+}
+
+macro_rules! fence {
+    ($($kind:ident: $how:expr),* $(,)?) => {$(
+        impl Fence for redlock::$kind {
+            fn fencing(&self) -> Option<u64> {
+                let how: fn(&Self) -> Option<u64> = $how;
+                how(self)
+            }
+        }
+    )*};
+}
+
+fence!(
+    Lock: redlock::Lock::fencing_token,
+    WriteLock: redlock::WriteLock::fencing_token,
+    Permit: redlock::Permit::fencing_token,
+    ReentrantLock: |_| None,
+    MultiLock: |_| None,
+    ReadLock: |_| None,
+);
+
 pub use fuzz::{FuzzConfig, FuzzKind, FuzzReport, fuzz};
 pub use report::{Report, markdown};
 pub use run::run;

@@ -9,6 +9,8 @@ use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use redlock::fence::{FencedWrite, fenced_set};
 use redlock::{Guard, Lock, MultiLock, Permit, ReadLock, Redlock, ReentrantLock, Retry, WriteLock};
+
+use crate::Fence;
 use redlock_testkit::{FaultyCluster, Grant, History, NodeConfig, Persistence, RedisNode};
 
 use crate::report::Report;
@@ -274,7 +276,7 @@ impl Client {
     }
 
     /// An exclusive hold: recorded, a critical section on the counter, released.
-    async fn hold<G: Guard>(
+    async fn hold<G: Guard + Fence>(
         &self,
         lock: G,
         attempt_started: Instant,
@@ -284,7 +286,7 @@ impl Client {
         let granted_at = Instant::now();
         self.count_if_faulted(attempt_started, granted_at);
         let mut grant = Grant::new(self.id, lock.token(), granted_at, granted_at + lock.validity());
-        if let Some(fence) = lock.fencing_token() {
+        if let Some(fence) = lock.fencing() {
             grant = grant.with_fence(fence);
         }
         let id = self.history.record(grant);
@@ -354,7 +356,7 @@ impl Client {
     async fn critical_section(
         &self,
         store: &mut MultiplexedConnection,
-        lock: &impl Guard,
+        lock: &(impl Guard + Fence),
         hold: Duration,
         counter: &str,
     ) {
@@ -365,7 +367,7 @@ impl Client {
             // Writing after the lease: outside the model; the history check cannot see it.
             self.tally.stale_writes.fetch_add(1, Ordering::Relaxed);
         }
-        match lock.fencing_token() {
+        match lock.fencing() {
             Some(token) => {
                 match fenced_set(store, counter, next.to_string().as_bytes(), token).await {
                     Ok(FencedWrite::Written) => {

@@ -225,7 +225,7 @@ async fn permissions(options: &Options) -> Vec<Finding> {
             if let Err(err) = lock.extend(options.ttl).await {
                 denied(&err);
             }
-            if let Err(err) = lock.is_held().await {
+            if let Err(err) = lock.check_held().await {
                 denied(&err);
             }
             if let Err(err) = lock.release().await {

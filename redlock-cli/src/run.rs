@@ -144,7 +144,7 @@ pub(crate) async fn run(options: &Options, args: RunArgs) -> u8 {
     let retry = match wait {
         Wait::Once => None,
         Wait::For(max_wait) => Some(waiting().with_max_wait(max_wait)),
-        Wait::Forever => Some(waiting()),
+        Wait::Forever => Some(waiting().with_max_wait(Duration::MAX)),
     };
     let (permits, fenced) = (args.permits, args.fenced);
     let request = || held::acquire(&rl, &args.resource, permits, options.ttl, fenced, retry);

@@ -1055,3 +1055,25 @@ fn a_late_start_within_the_lead_of_a_machine_whose_clock_is_ahead_does_not_run_t
         text(&b.stderr)
     );
 }
+
+#[test]
+fn a_run_that_waits_forever_runs_once_a_holder_longer_than_the_ttl_is_done() {
+    let cluster = cluster(3);
+    let dir = scratch();
+    let started = dir.join("started");
+    // Held for 3 s, past the 2 s TTL (kept alive by the first run).
+    let script = format!("touch {}; sleep 3", started.display());
+    let first = redlock(&cluster).args(["run", "job"]).args(sh(&script)).spawn().unwrap();
+    assert!(wait_for(&started, Duration::from_secs(5)));
+    let began = Instant::now();
+    let second = redlock(&cluster)
+        .args(["run", "--wait", "forever", "job"])
+        .args(sh("exit 0"))
+        .spawn()
+        .unwrap();
+    let second = finish(second, Duration::from_secs(30));
+    assert_eq!(second.status.code(), Some(0), "{}", text(&second.stderr));
+    assert!(began.elapsed() >= Duration::from_secs(2), "ran after {:?}", began.elapsed());
+    let first = finish(first, Duration::from_secs(10));
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+}

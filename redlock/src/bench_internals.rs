@@ -32,8 +32,3 @@ pub fn decide(votes: &[bool]) -> Option<bool> {
 pub fn token() -> String {
     crate::token::generate()
 }
-
-/// How many acquisition attempts of any client in this process were not granted so far.
-pub fn failed_attempts() -> u64 {
-    crate::telemetry::FAILED_ATTEMPTS.load(std::sync::atomic::Ordering::Relaxed)
-}

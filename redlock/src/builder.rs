@@ -24,12 +24,14 @@ impl Redlock {
 /// connections open lazily, on first use, so a node that is down at start-up is fine.
 ///
 /// # Default
-/// - `ttl`: 10 s (the lease of `lock()` and `try_lock()`)
+/// - `ttl`: 10 s (the TTL of every grant and extension that names none)
 /// - `node_timeout`: 50 ms per node, per request, from when its node has a connection
 /// - `connect_timeout`: 1 s (the longest one connection attempt may run; a request to a
 ///   node with no connection waits for it first)
 /// - `drift_factor`: 0.01 (the drift allowance is `ttl x 0.01 + 2 ms`)
-/// - `retry`: [`Retry::default()`]
+/// - `retry`: [`Retry::default()`]: a waiting request (`lock()`, `read()`, `write()`, ...)
+///   tries every 100-200 ms, woken sooner by releases, for up to one TTL of its lock, then
+///   answers `NotAcquired`
 /// - `key_prefix`: none (the key is the resource name)
 /// - `restart_quarantine`: off (`Duration::ZERO`)
 /// - `connections_per_runtime`: on
@@ -177,7 +179,8 @@ impl RedlockBuilder {
         self
     }
 
-    /// The retry policy of [`Redlock::lock`].
+    /// The retry policy of [`Redlock::lock`] and the other waiting requests; by default
+    /// they wait for up to one TTL of their lock (see [`Retry`]).
     pub fn retry(mut self, retry: Retry) -> Self {
         self.retry = retry;
         self

@@ -95,6 +95,10 @@ impl Redlock {
     }
 
     /// Locks `resource`, waiting per the [`Retry`](crate::Retry) policy; await the request.
+    /// By default it waits for up to one TTL of the lock (10 s unless set), then answers
+    /// [`ErrorKind::NotAcquired`](crate::ErrorKind::NotAcquired); `.once()` (or
+    /// [`try_lock`](Redlock::try_lock)) makes a single attempt, `.retry(policy)` waits per
+    /// another policy.
     ///
     /// ```no_run
     /// # async fn run(rl: redlock::Redlock) -> Result<(), redlock::Error> {

@@ -17,17 +17,16 @@ pub trait Guard:
     /// The resource name, as passed to the lock call (a multi-resource lock's names joined
     /// by `", "`).
     fn resource(&self) -> &str;
-    /// The random token that identifies this hold on the nodes.
+    /// The token: the random value that identifies this hold on the nodes (not the
+    /// fencing token).
     fn token(&self) -> &str;
     /// The instant at which the validity ends, on [`Instant`]'s clock as of this call; see
     /// [`Lock::deadline`](crate::Lock::deadline).
     fn deadline(&self) -> Instant;
     /// What remains of the lease, counting down; [`Duration::ZERO`] once it is over.
     fn validity(&self) -> Duration;
-    /// The lease of the last grant or extension, as sent to Redis.
+    /// The TTL of the last grant or extension, as sent to Redis.
     fn ttl(&self) -> Duration;
-    /// The fencing token of a lock taken with `.fenced()`; `None` otherwise.
-    fn fencing_token(&self) -> Option<u64>;
     /// Renews the lease to `ttl` from now; see [`Lock::extend`](crate::Lock::extend).
     fn extend(&mut self, ttl: Duration) -> impl Future<Output = Result<()>> + Send;
     /// Releases the hold; see [`Lock::release`](crate::Lock::release).
@@ -54,6 +53,8 @@ pub(crate) mod sealed {
         /// The deadline on the lease clock (see `clock`), which
         /// [`Guard::deadline`](super::Guard::deadline) converts for the user.
         fn lease_deadline(&self) -> std::time::Instant;
+        /// The fencing token, for the kinds that can be fenced (which say so in public).
+        fn fence(&self) -> Option<u64>;
     }
 }
 
@@ -73,7 +74,7 @@ macro_rules! guard {
                     .field("resource", &self.resource())
                     .field("token", &self.token())
                     .field("validity", &self.validity())
-                    .field("fencing_token", &self.fencing_token())
+                    .field("fencing_token", &self.claim.fence())
                     .finish()
             }
         }
@@ -83,6 +84,10 @@ macro_rules! guard {
         impl $crate::guard::sealed::Internal for $name {
             fn lease_deadline(&self) -> ::std::time::Instant {
                 self.claim.deadline()
+            }
+
+            fn fence(&self) -> Option<u64> {
+                self.claim.fence()
             }
         }
 
@@ -122,23 +127,20 @@ macro_rules! guard {
                 $crate::clock::on_std(self.claim.deadline())
             }
 
-            /// Whether the validity has not run out yet.
+            /// Whether the validity has not run out yet, by this client's clock, without
+            /// asking the nodes ([`Lease::is_valid`](crate::Lease::is_valid) is the same
+            /// check; `check_held()` asks the nodes).
             pub fn is_valid(&self) -> bool {
                 self.claim.is_valid()
             }
 
-            /// The lease of the last grant or extension, as sent to Redis.
+            /// The TTL of the last grant or extension, as sent to Redis.
             pub fn ttl(&self) -> ::std::time::Duration {
                 self.claim.ttl()
             }
 
-            /// The fencing token of a lock taken with `.fenced()` (strictly larger than
-            /// that of any earlier grant of the resource); `None` otherwise.
-            pub fn fencing_token(&self) -> Option<u64> {
-                self.claim.fence()
-            }
-
-            #[doc = concat!("Asks the nodes whether a quorum still has this ", $what, ":")]
+            #[doc = concat!("Asks the nodes whether a quorum still has this ", $what, " (a round")]
+            /// trip to every node; [`is_valid()`](Self::is_valid) is the local check):
             /// `Ok(true)` if so, `Ok(false)` if too many no longer do.
             ///
             /// Advisory only: the answer is stale once it arrives, and a key can outlive its
@@ -149,8 +151,8 @@ macro_rules! guard {
             /// # Errors
             /// [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable) when too few nodes
             /// answered.
-            pub async fn is_held(&self) -> $crate::Result<bool> {
-                self.claim.is_held().await
+            pub async fn check_held(&self) -> $crate::Result<bool> {
+                self.claim.check_held().await
             }
 
             #[doc = concat!("Renews this ", $what, "'s lease to `ttl` from now on every node")]
@@ -162,7 +164,7 @@ macro_rules! guard {
             /// as it was. One that finds the hold gone from too many nodes, or that
             /// outlasts the validity, ends the hold: its validity is over, what is left of
             /// it on the nodes (including keys the extension renewed or set again) is
-            /// released in the background, and from then on `extend()`, `is_held()` and
+            /// released in the background, and from then on `extend()`, `check_held()` and
             /// `release()` answer `NotHeld` (`false`) without asking the nodes. (A node that
             /// resets connections for longer than the release's re-sends, about 0.26 s, keeps
             /// what the extension renewed there for that lease: a known limit.)
@@ -201,8 +203,8 @@ macro_rules! guard {
             #[doc = concat!("Keeps this ", $what, " on the nodes for `hold` from now, then lets go")]
             /// of it without releasing it: nobody gets the lock until `hold` has passed
             /// (the nodes' keys expire then), not even this client. The recipe for work that
-            /// must run once per schedule: take the lock (the default retry's few attempts
-            /// pull machines started together out of a split vote), do the work, and on
+            /// must run once per schedule: take the lock (the default wait pulls machines
+            /// started together out of a split vote), do the work, and on
             /// success keep the lock until the end of the schedule's window, so that a
             /// machine that starts late (or retries, or waited) in the same window is
             /// refused instead of running the work again; on failure, release it so that
@@ -246,7 +248,7 @@ macro_rules! guard {
             }
 
             #[doc = concat!("Keeps this ", $what, " alive in the background (about every third")]
-            /// of its lease) until it is released or lost, with a lost-lock signal
+            /// of its TTL) until it is released or lost, with a lost-lock signal
             /// ([`Lease::lost`](crate::Lease::lost)).
             pub fn auto_extend(self) -> $crate::AutoLock<Self> {
                 $crate::Guard::start_auto_extend(self, None)
@@ -278,10 +280,6 @@ macro_rules! guard {
 
             fn ttl(&self) -> ::std::time::Duration {
                 $name::ttl(self)
-            }
-
-            fn fencing_token(&self) -> Option<u64> {
-                $name::fencing_token(self)
             }
 
             async fn extend(&mut self, ttl: ::std::time::Duration) -> $crate::Result<()> {

@@ -14,8 +14,8 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::guard::Guard;
 use crate::tasks::Tasks;
 
-/// A view of a lock kept alive in the background: its validity, and whether it is still
-/// held.
+/// A handle on the lease of a lock kept alive in the background (the time-limited hold
+/// that extensions renew): its validity, and whether it is still held.
 ///
 /// `Clone + Send + Sync + 'static`: hand it to every task that does the protected work, and
 /// have them stop when [`lost()`](Lease::lost) completes (`tokio::select!` on it).
@@ -49,7 +49,7 @@ impl fmt::Debug for Lease {
         f.debug_struct("Lease")
             .field("resource", &self.resource)
             .field("validity", &self.validity())
-            .field("held", &self.is_held())
+            .field("valid", &self.is_valid())
             .finish()
     }
 }
@@ -60,14 +60,17 @@ impl Lease {
         &self.resource
     }
 
-    /// The token stored on the nodes.
+    /// The lock's token: the random value that identifies its hold on the nodes (not the
+    /// fencing token).
     pub fn token(&self) -> &str {
         &self.token
     }
 
-    /// The lock's fencing token, if it was requested `.fenced()`: the same for the whole
-    /// lease (extensions keep it), larger than that of any earlier grant of the resource.
-    /// Pass it with every write the lock protects; see [`Lock::fencing_token`](crate::Lock::fencing_token).
+    /// The lock's fencing token, if it was taken `.fenced()` (a [`Lock`](crate::Lock),
+    /// [`WriteLock`](crate::WriteLock) or [`Permit`](crate::Permit)): the same for the whole
+    /// hold (extensions keep it), larger than that of any earlier grant it is ordered with;
+    /// `None` otherwise (and always for the kinds that cannot be fenced). Pass it with every
+    /// write the lock protects; see [`Lock::fencing_token`](crate::Lock::fencing_token).
     pub fn fencing_token(&self) -> Option<u64> {
         self.fence
     }
@@ -91,15 +94,17 @@ impl Lease {
         clock::on_std(self.status.borrow().deadline)
     }
 
-    /// Whether the lock is still held: not lost, not given up, and its validity not over.
-    pub fn is_held(&self) -> bool {
+    /// Whether the lock is still held by this client's account, without asking the nodes:
+    /// not lost, not given up, and its validity not over. The same check as the guards'
+    /// `is_valid()`; the guards' `check_held()` asks the nodes.
+    pub fn is_valid(&self) -> bool {
         self.end().is_none()
     }
 
     /// Whether the lock is no longer held (lost, or given up): the opposite of
-    /// [`is_held`](Lease::is_held).
+    /// [`is_valid`](Lease::is_valid).
     pub fn is_lost(&self) -> bool {
-        !self.is_held()
+        !self.is_valid()
     }
 
     /// Completes when the lock stops being held, at its validity deadline at the latest,
@@ -159,7 +164,7 @@ impl End {
 }
 
 /// A lock that keeps itself alive: extended in the background about every third of its
-/// lease while it is held, with a lost-lock signal ([`lost()`](AutoLock::lost)).
+/// TTL while it is held, with a lost-lock signal ([`lost()`](AutoLock::lost)).
 ///
 /// Works for every kind: `Lock::auto_extend()` gives an `AutoLock<Lock>`,
 /// `ReadLock::auto_extend()` an `AutoLock<ReadLock>`, and so on. Call
@@ -187,7 +192,7 @@ impl<G: Guard> AutoLock<G> {
         let lease = Lease {
             resource: guard.resource().into(),
             token: guard.token().into(),
-            fence: guard.fencing_token(),
+            fence: guard.fence(),
             status: receiver,
         };
         let (stop, stopped) = oneshot::channel();
@@ -208,12 +213,6 @@ impl<G: Guard> AutoLock<G> {
     /// A handle on the lease for the tasks doing the work.
     pub fn lease(&self) -> Lease {
         self.lease.clone()
-    }
-
-    /// The lock's fencing token, if it was requested `.fenced()`; see
-    /// [`Lease::fencing_token`].
-    pub fn fencing_token(&self) -> Option<u64> {
-        self.lease.fencing_token()
     }
 
     /// What remains of the current lease.
@@ -276,6 +275,21 @@ impl<G: Guard> AutoLock<G> {
     }
 }
 
+/// `fencing_token()` on the auto-extended kinds that can be fenced.
+macro_rules! fenced_auto_lock {
+    ($($kind:ident),*) => {$(
+        impl AutoLock<crate::$kind> {
+            #[doc = concat!("The fencing token, if the ", stringify!($kind), " was taken `.fenced()`; see")]
+            #[doc = concat!("[`", stringify!($kind), "::fencing_token`](crate::", stringify!($kind), "::fencing_token).")]
+            pub fn fencing_token(&self) -> Option<u64> {
+                self.lease.fencing_token()
+            }
+        }
+    )*};
+}
+
+fenced_auto_lock!(Lock, WriteLock, Permit);
+
 impl<G: Guard> Drop for AutoLock<G> {
     fn drop(&mut self) {
         // Whoever holds a lease learns at once that the lock is given up.
@@ -317,7 +331,7 @@ where
     }
 }
 
-/// The extender: renews the lock about every third of its lease while it is held,
+/// The extender: renews the lock about every third of its TTL while it is held,
 /// retrying faster as the deadline nears when an extension fails, and reports the loss.
 /// Gives the guard back when stopped; releases it itself when the client shuts down.
 async fn extend_while_held<G: Guard>(
@@ -463,7 +477,7 @@ mod tests {
             async move { lease.lost().await }
         });
         tokio::time::sleep(Duration::from_secs(2)).await;
-        assert!(!watcher.is_finished() && lease.is_held());
+        assert!(!watcher.is_finished() && lease.is_valid());
         sender.send_modify(|s| s.end = Some(End::GivenUp("released")));
         let err = watcher.await.unwrap();
         assert!(err.to_string().contains("released"), "{err}");
@@ -477,7 +491,7 @@ mod tests {
         let validity = lease.validity();
         assert!(validity <= Duration::from_secs(40), "{validity:?}");
         assert!(validity > Duration::from_secs(30), "{validity:?}");
-        assert!(lease.is_held());
+        assert!(lease.is_valid());
     }
 
     #[tokio::test]
@@ -488,7 +502,7 @@ mod tests {
             async move { lease.lost().await }
         });
         tokio::time::sleep(Duration::from_millis(20)).await;
-        assert!(!watcher.is_finished() && lease.is_held());
+        assert!(!watcher.is_finished() && lease.is_valid());
         let woke = Instant::now();
         clock::suspend_here(Duration::from_secs(61));
         assert!(lease.is_lost(), "lost by the clock at once");

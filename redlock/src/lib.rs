@@ -31,6 +31,25 @@
 //! # }
 //! ```
 //!
+//! A waiting request ([`Redlock::lock`], `read`, `write`, ...) waits for up to one TTL of
+//! its lock by default (see [`Retry`]); [`Redlock::try_lock`] (or `.once()`) makes one
+//! attempt.
+//!
+//! # Words
+//! The docs use each of these in one sense:
+//! - **token**: the random value that identifies one hold on the nodes
+//!   ([`Lock::token`]); release and extend compare it, so they never touch another owner's
+//!   key.
+//! - **fencing token**: the number, larger with every grant, that a lock taken
+//!   `.fenced()` carries for the protected resource to check ([`Lock::fencing_token`],
+//!   [`guide::fencing`]); always written out in full.
+//! - **TTL**: how long a grant or an extension lasts on the nodes
+//!   ([`RedlockBuilder::ttl`], a request's `.ttl(d)`).
+//! - **lease**: the time-limited hold a grant gives: it lasts one TTL on the nodes, and for
+//!   this client until its **validity** (what remains of it, drift deducted:
+//!   [`Lock::validity`]) reaches zero, unless extended. A [`Lease`] is a handle on the
+//!   lease of a lock kept alive in the background.
+//!
 //! # How a lock is taken
 //! An attempt sends a script that sets `key` to a fresh token if nobody holds it (what
 //! `SET key token NX PX ttl` does, with a deadline: see [`guide::order`]) to every node at
@@ -44,7 +63,7 @@
 //! answers in time. A granted lock is valid for `ttl - elapsed - (ttl x drift_factor + 2 ms)`,
 //! timed from the attempt's own start with a monotonic clock that counts the time the
 //! machine is suspended where the platform allows (see below); a quorum that took the whole
-//! lease is refused ([`ErrorKind::Expired`]). A refused attempt releases its token on every
+//! TTL is refused ([`ErrorKind::Expired`]). A refused attempt releases its token on every
 //! node that may hold it, including nodes that never answered; a `SET` that lands there
 //! later finds the release's tombstone, or is past its deadline, and sets nothing
 //! ([`guide::order`]).
@@ -55,7 +74,7 @@
 //! trips), and its request's node timeout starts only then; after a connect that failed,
 //! the node gets only its node timeout until a connect succeeds. The round is still decided
 //! at the quorum without waiting for a node that is connecting, and validity still counts
-//! from the attempt's start, so a slow connect only shortens the lease (or, past it, makes
+//! from the attempt's start, so a slow connect only shortens the validity (or, past it, makes
 //! the attempt `Expired`). A node that accepts connections and never answers holds an
 //! attempt that needs its vote at most `connect_timeout + node_timeout`, once per outage.
 //! [`Redlock::connect`] opens every node's connection at once, up front.
@@ -78,9 +97,9 @@
 //! - **Persistence.** A node that restarts without its keys (no persistence, or
 //!   `appendfsync everysec` losing the last second) can let a second client in. Run nodes
 //!   with `appendonly yes` and `appendfsync always`, or keep a restarted node out of
-//!   service for longer than the longest lease.
+//!   service for longer than the longest TTL.
 //! - **Clocks.** Redis expires keys by its wall clock; a clock jump on a node shortens the
-//!   leases stored there.
+//!   leases of the keys stored there.
 //! - **Suspend.** The nodes' clocks run on while the client's machine is suspended, so
 //!   their keys expire meanwhile. Every validity, deadline and lost-lock signal is counted
 //!   on a clock that counts that time where the platform has one:
@@ -141,8 +160,8 @@
 //!
 //! # Shutdown
 //! [`Redlock::shutdown`] before the process exits: a lock dropped without `release()` is
-//! released in the background, and a process that exits first leaves its key for the
-//! whole lease. The shutdown waits (up to its deadline) for that work and for the
+//! released in the background, and a process that exits first leaves its key for its
+//! whole TTL. The shutdown waits (up to its deadline) for that work and for the
 //! acquisitions under way: one decided after the shutdown began is taken back and answers
 //! [`ErrorKind::Shutdown`], and a waiting `lock()` stops waiting and answers the same.
 //!
@@ -159,7 +178,7 @@
 //!   fail at once. (Reaching the bound takes about a hundred thousand requests to one hung
 //!   node; no test does.)
 //! - An undo that cannot reach its node (a reset, a node down that may come back with its
-//!   data) is sent again, with pauses up to a second, until the hold's horizon (its lease,
+//!   data) is sent again, with pauses up to a second, until the hold's horizon (its TTL,
 //!   the connect and node timeouts and the clock error after its last create); a node that
 //!   comes back later than that has let the key expire by itself. A shutdown does not wait
 //!   for these re-sends: it names their nodes.
@@ -235,12 +254,6 @@ pub use crate::request::{
 };
 pub use crate::retry::Retry;
 
-/// A [`ReadLock`] kept alive in the background.
-pub type AutoReadLock = AutoLock<ReadLock>;
-
-/// A [`WriteLock`] kept alive in the background.
-pub type AutoWriteLock = AutoLock<WriteLock>;
-
 /// The README's examples, compiled as doctests so that they cannot rot.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
@@ -265,8 +278,11 @@ mod send_checks {
         send_static::<WriteLock>();
         send_static::<Permit>();
         send_static::<AutoLock<Lock>>();
-        send_static::<AutoReadLock>();
-        send_static::<AutoWriteLock>();
+        send_static::<AutoLock<ReentrantLock>>();
+        send_static::<AutoLock<MultiLock>>();
+        send_static::<AutoLock<ReadLock>>();
+        send_static::<AutoLock<WriteLock>>();
+        send_static::<AutoLock<Permit>>();
         send_static::<Lease>();
         send_static::<Error>();
         send(&std::future::IntoFuture::into_future(rl.lock("r")));
@@ -279,7 +295,7 @@ mod send_checks {
         send(&rl.with_lock("r", |lease| async move { lease.lost().await }));
         send(&rl.with_lock(rl.write("r").once(), |lease| async move { lease.lost().await }));
         send(&lease.lost());
-        send(&lock.is_held());
+        send(&lock.check_held());
         send(&lock.extend(std::time::Duration::ZERO));
         send(&auto.lost());
         send(&auto.release());

@@ -40,6 +40,7 @@ enum Wait {
 
 impl Options {
     fn plan(&self, config: &Config) -> Result<Plan> {
+        let ttl = config.ttl(self.ttl)?;
         let retry = match &self.wait {
             Wait::Policy => Some(config.retry),
             Wait::Once => None,
@@ -48,7 +49,8 @@ impl Options {
                 Some(*retry)
             }
         };
-        Ok(Plan { ttl: config.ttl(self.ttl)?, retry, fenced: self.fenced })
+        let retry = retry.map(|retry| retry.until_ttl(ttl.duration()));
+        Ok(Plan { ttl, retry, fenced: self.fenced })
     }
 }
 
@@ -56,7 +58,7 @@ impl Options {
 macro_rules! options {
     ($name:ident) => {
         impl $name<'_> {
-            /// The lease of this lock, instead of the client's default
+            /// The TTL of this lock, instead of the client's default
             /// ([`RedlockBuilder::ttl`](crate::RedlockBuilder::ttl)). Checked when awaited:
             /// at least 1 ms and longer than its drift allowance.
             pub fn ttl(mut self, ttl: Duration) -> Self {

@@ -4,20 +4,30 @@ use std::time::Duration;
 
 use rand::Rng;
 
-/// The retry policy of [`Redlock::lock`](crate::Redlock::lock).
+/// The retry policy of [`Redlock::lock`](crate::Redlock::lock) and the other waiting
+/// requests (`read`, `write`, `reentrant`, `many`, `semaphore`).
 ///
-/// After a failed attempt, `lock()` waits `delay` plus a random part of up to `jitter` (so
-/// that clients that collided do not collide again), then tries again, until an attempt
-/// succeeds, `max_attempts` attempts were made, or the next attempt could not start before
-/// `max_wait` has passed since the first one. Attempts that fail for a reason retrying
-/// cannot fix ([`ErrorKind::Config`](crate::ErrorKind::Config),
+/// After a failed attempt, a request waits `delay` plus a random part of up to `jitter` (so
+/// that clients that collided do not collide again), or less when a release notification
+/// wakes it, then tries again, until an attempt succeeds, `max_attempts` attempts were
+/// made, or the wait's bound is reached. Attempts that fail for a reason retrying cannot
+/// fix ([`ErrorKind::Config`](crate::ErrorKind::Config),
 /// [`ErrorKind::WrongType`](crate::ErrorKind::WrongType)) end the loop at once.
 ///
+/// By default a request waits for up to one TTL of the lock it asks for (10 s with the
+/// builder's default TTL): a holder that died without releasing has let go by then, so
+/// the lock is granted as soon as it is free; a holder that keeps extending it is still
+/// there, and the request answers [`ErrorKind::NotAcquired`](crate::ErrorKind::NotAcquired).
+/// The pause before the last attempt is cut short so that the last attempt starts as that
+/// TTL ends. [`with_max_wait`](Retry::with_max_wait) sets another bound,
+/// [`with_max_attempts`](Retry::with_max_attempts) a number of attempts, and
+/// [`Retry::never`] (or a request's `.once()`) a single attempt.
+///
 /// # Default
-/// - `max_attempts`: 3
+/// - `max_attempts`: unbounded
+/// - `max_wait`: the TTL of the lock asked for (the request's `.ttl(d)`, else the builder's)
 /// - `delay`: 100 ms
 /// - `jitter`: 100 ms (so the pause between attempts is 100 to 200 ms)
-/// - `max_wait`: none (bounded by the attempts alone)
 ///
 /// ```
 /// use std::time::Duration;
@@ -25,11 +35,15 @@ use rand::Rng;
 ///
 /// // Keep trying for up to five seconds, every 20-70 ms.
 /// let patient = Retry::new()
-///     .with_unbounded_attempts()
 ///     .with_delay(Duration::from_millis(20))
 ///     .with_jitter(Duration::from_millis(50))
 ///     .with_max_wait(Duration::from_secs(5));
 /// assert_eq!(patient.max_wait(), Some(Duration::from_secs(5)));
+/// // Until acquired (or the request is dropped), as Redisson's `lock()` does.
+/// let forever = Retry::new().with_max_wait(Duration::MAX);
+/// // The default: for up to one TTL of the lock.
+/// assert_eq!(Retry::new().max_wait(), None);
+/// # let _ = forever;
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[must_use = "a Retry does nothing until it is passed to RedlockBuilder::retry"]
@@ -38,15 +52,18 @@ pub struct Retry {
     delay: Duration,
     jitter: Duration,
     max_wait: Option<Duration>,
+    /// With no `max_wait`: the lock's TTL, set per request (see [`Retry::until_ttl`]).
+    ttl: Option<Duration>,
 }
 
 impl Default for Retry {
     fn default() -> Self {
         Self {
-            max_attempts: Some(3),
+            max_attempts: None,
             delay: Duration::from_millis(100),
             jitter: Duration::from_millis(100),
             max_wait: None,
+            ttl: None,
         }
     }
 }
@@ -69,8 +86,8 @@ impl Retry {
         self
     }
 
-    /// No limit on the number of attempts; set a [`max_wait`](Retry::with_max_wait) (or
-    /// cancel the future) to bound the wait.
+    /// No limit on the number of attempts (the default): the wait is bounded by
+    /// [`max_wait`](Retry::with_max_wait), or by default the lock's TTL.
     pub fn with_unbounded_attempts(mut self) -> Self {
         self.max_attempts = None;
         self
@@ -88,7 +105,9 @@ impl Retry {
         self
     }
 
-    /// Give up when the next attempt could not start within `max_wait` of the first one.
+    /// Give up when the next attempt could not start within `max_wait` of the first one,
+    /// instead of waiting for up to the lock's TTL. `Duration::MAX` waits until the lock is
+    /// acquired (or the request dropped).
     pub fn with_max_wait(mut self, max_wait: Duration) -> Self {
         self.max_wait = Some(max_wait);
         self
@@ -109,7 +128,8 @@ impl Retry {
         self.jitter
     }
 
-    /// The bound on the total wait, if any.
+    /// The bound on the total wait set by [`with_max_wait`](Retry::with_max_wait); `None`
+    /// for the default, one TTL of the lock asked for.
     pub fn max_wait(&self) -> Option<Duration> {
         self.max_wait
     }
@@ -118,10 +138,13 @@ impl Retry {
         if self.max_attempts == Some(0) {
             return Err("retry: max_attempts must be at least 1");
         }
-        if self.max_attempts.is_none() && self.max_wait.is_none() {
-            return Err("retry: unbounded attempts need a max_wait");
-        }
         Ok(())
+    }
+
+    /// This policy for a lock of `ttl`: without a `max_wait`, the wait ends with `ttl`.
+    pub(crate) fn until_ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
     }
 
     /// The pause before the next attempt, after `attempts` attempts that started `waited`
@@ -131,9 +154,16 @@ impl Retry {
             return None;
         }
         let pause = self.delay.saturating_add(random_up_to(self.jitter));
-        match self.max_wait {
-            Some(max) if waited.saturating_add(pause) > max => None,
-            _ => Some(pause),
+        match (self.max_wait, self.ttl) {
+            (Some(max), _) if waited.saturating_add(pause) > max => None,
+            (Some(_), _) | (None, None) => Some(pause),
+            // The default bound is a deadline rather than a rule on the next start: a
+            // policy with long pauses (one that relies on release notifications to wake
+            // it) must still wait, its last attempt as the TTL ends.
+            (None, Some(ttl)) => match ttl.checked_sub(waited) {
+                Some(left) if !left.is_zero() => Some(pause.min(left)),
+                _ => None,
+            },
         }
     }
 }
@@ -175,9 +205,27 @@ mod tests {
     }
 
     #[test]
-    fn rejects_policies_that_never_end_or_never_start() {
+    fn by_default_waits_one_ttl_with_a_last_attempt_as_it_ends() {
+        let ttl = Duration::from_secs(10);
+        let retry = Retry::new().until_ttl(ttl);
+        assert_eq!(retry.max_attempts(), None);
+        let pause = retry.next_pause(1_000, Duration::from_secs(1)).unwrap();
+        assert!(pause >= Duration::from_millis(100) && pause <= Duration::from_millis(200));
+        // Cut short to end with the TTL, however long the configured pause.
+        let slow = Retry::new().with_delay(Duration::from_secs(20)).until_ttl(ttl);
+        assert_eq!(slow.next_pause(1, Duration::from_secs(4)), Some(Duration::from_secs(6)));
+        assert_eq!(slow.next_pause(2, ttl), None);
+        // An explicit bound replaces the TTL's.
+        let longer = Retry::new().with_max_wait(Duration::from_secs(60)).until_ttl(ttl);
+        assert!(longer.next_pause(50, Duration::from_secs(30)).is_some());
+        let forever = Retry::new().with_max_wait(Duration::MAX).until_ttl(ttl);
+        assert!(forever.next_pause(u32::MAX, Duration::from_secs(3600 * 24 * 365)).is_some());
+    }
+
+    #[test]
+    fn rejects_policies_that_never_start() {
         assert!(Retry::new().with_max_attempts(0).validate().is_err());
-        assert!(Retry::new().with_unbounded_attempts().validate().is_err());
+        assert!(Retry::new().with_unbounded_attempts().validate().is_ok());
         assert!(Retry::new().validate().is_ok());
     }
 

@@ -27,11 +27,6 @@ use tracing::level_filters::LevelFilter;
 
 use crate::error::{ErrorKind, NodeOutcome};
 
-/// Acquisition attempts that were not granted, in the whole process (for the benchmarks,
-/// which report the failed attempts per handoff; see `bench_internals`).
-pub(crate) static FAILED_ATTEMPTS: std::sync::atomic::AtomicU64 =
-    std::sync::atomic::AtomicU64::new(0);
-
 /// A lock call's outcome label.
 pub(crate) fn outcome(result: Result<(), ErrorKind>) -> &'static str {
     match result {
@@ -68,10 +63,6 @@ pub(crate) fn acquired(kind: &'static str, outcome: &'static str, elapsed: Durat
 
 /// One acquisition attempt ended; a refusal by another holder is contention.
 pub(crate) fn attempted(kind: &'static str, outcome: &'static str) {
-    if outcome != "granted" {
-        // Failed attempts are rare outside contention: the counter costs nothing otherwise.
-        FAILED_ATTEMPTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    }
     #[cfg(feature = "metrics")]
     {
         metrics::counter!("redlock_attempts_total", "kind" => kind, "outcome" => outcome)

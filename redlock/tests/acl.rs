@@ -58,7 +58,7 @@ async fn the_locking_rules_are_enough_for_every_kind() {
 
     let mut lock = rl.lock("plain").await.unwrap();
     lock.extend(Duration::from_secs(10)).await.unwrap();
-    assert!(lock.is_held().await.unwrap());
+    assert!(lock.check_held().await.unwrap());
     lock.release().await.unwrap();
     let mut outer = rl.reentrant("reentrant", "job").await.unwrap();
     let inner = rl.reentrant("reentrant", "job").await.unwrap();

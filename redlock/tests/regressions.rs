@@ -50,7 +50,7 @@ async fn a_stale_reentrant_hold_released_late_leaves_the_new_hold_alone() {
     assert_eq!(cluster.count_key("job"), 3, "the new hold is still on every node");
     let other = rl.reentrant("job", "job-8").await.unwrap_err();
     assert_eq!(other.kind(), ErrorKind::NotAcquired);
-    assert!(fresh.is_held().await.unwrap());
+    assert!(fresh.check_held().await.unwrap());
     fresh.release().await.unwrap();
     // Decided at the quorum: the last node's release may still be on its way.
     assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("job") == 0).await);
@@ -100,7 +100,7 @@ async fn a_reentrant_release_cut_after_it_ran_is_not_applied_twice() {
     let other = patient(faulty.urls(), Duration::from_secs(10), Duration::from_secs(1));
     let err = other.reentrant("job", "job-8").await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotAcquired);
-    assert!(second.is_held().await.unwrap());
+    assert!(second.check_held().await.unwrap());
     second.release().await.unwrap();
 }
 

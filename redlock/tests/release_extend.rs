@@ -124,7 +124,7 @@ async fn an_extension_that_finds_the_hold_gone_ends_it_and_releases_what_is_left
     let err = lock.extend(Duration::from_secs(30)).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
     assert!(err.nodes().is_empty(), "no node was asked: {err}");
-    assert!(!lock.is_held().await.unwrap());
+    assert!(!lock.check_held().await.unwrap());
     let err = lock.release().await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
     assert!(err.nodes().is_empty(), "no node was asked: {err}");
@@ -194,21 +194,21 @@ async fn extend_with_a_killed_majority_is_unavailable() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn is_held_asks_the_quorum() {
+async fn check_held_asks_the_quorum() {
     let mut cluster = common::cluster(3);
     let rl = common::client(&cluster);
     let lock = rl.try_lock("k").await.unwrap();
     assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("k") == 3).await);
-    assert!(lock.is_held().await.unwrap());
+    assert!(lock.check_held().await.unwrap());
     cluster.node(0).set("k", "foreign").unwrap();
-    assert!(lock.is_held().await.unwrap(), "two of three still hold it");
+    assert!(lock.check_held().await.unwrap(), "two of three still hold it");
     cluster.node(1).flushall().unwrap();
-    assert!(!lock.is_held().await.unwrap(), "lost early, while still locally valid");
+    assert!(!lock.check_held().await.unwrap(), "lost early, while still locally valid");
     assert!(lock.is_valid());
     cluster.node_mut(2).kill().unwrap();
     cluster.node(1).set("k", lock.token()).unwrap();
     cluster.node_mut(0).kill().unwrap();
-    let err = lock.is_held().await.unwrap_err();
+    let err = lock.check_held().await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
 }
 
@@ -326,7 +326,9 @@ async fn a_job_kept_after_success_runs_once_per_round_and_a_failed_one_is_run_by
     use std::sync::atomic::{AtomicUsize, Ordering};
     let cluster = common::cluster(3);
     let keep = Duration::from_secs(6);
-    let starter = redlock::Retry::new();
+    // A few attempts: the keep (6 s) is shorter than the default wait (one 10 s TTL), which
+    // would outlast it.
+    let starter = redlock::Retry::new().with_max_attempts(3);
     let waiter = redlock::Retry::new()
         .with_unbounded_attempts()
         .with_delay(Duration::from_millis(50))

@@ -160,7 +160,7 @@ async fn a_reentrant_hold_dropped_on_a_short_lived_runtime_leaves_no_field() {
 }
 
 /// Answers in slots, for rounds decided before every node answered: fenced acquisitions
-/// (acquire, read and write rounds) and `is_held` checks while node 4 answers 300 ms late
+/// (acquire, read and write rounds) and `check_held` checks while node 4 answers 300 ms late
 /// each time (its answers land in the slots of rounds already decided). Tokens must grow
 /// strictly, every check must say held, and no two grants overlap.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -173,7 +173,7 @@ async fn fenced_rounds_and_checks_decided_without_a_slow_node_count_right() {
         let token = lock.fencing_token().unwrap();
         assert!(token > last, "round {round}: token {token} after {last}");
         last = token;
-        assert!(lock.is_held().await.unwrap(), "round {round}");
+        assert!(lock.check_held().await.unwrap(), "round {round}");
         let err = rl.try_lock("fenced").await.unwrap_err();
         assert_eq!(err.kind(), redlock::ErrorKind::NotAcquired, "round {round}: {err}");
         lock.release().await.unwrap();

@@ -123,7 +123,7 @@ async fn hash_kinds_never_shorten_on_a_failed_extend() {
 ///    expire at ~2.5 s.
 /// 3. t=2.03 s: less than a third of the lease is left of the cap: the extender lets the
 ///    lease run out, `lost()` is due at ~2.97 s.
-/// 4. t=2.65 s: B is granted the lock while A's `Lease::is_held()` is still true and its
+/// 4. t=2.65 s: B is granted the lock while A's `Lease::is_valid()` is still true and its
 ///    `lost()` has not fired.
 ///
 /// Fails deterministically.
@@ -140,9 +140,9 @@ async fn a_capped_auto_extension_never_lets_another_client_in_before_lost() {
     slow(&cluster, 0, Duration::from_millis(300));
 
     tokio::time::sleep_until((granted + Duration::from_millis(2650)).into()).await;
-    assert!(lease.is_held(), "A's lease is still held by its own account");
+    assert!(lease.is_valid(), "A's lease is still held by its own account");
     let second = b.try_lock("k").await;
-    let a_still_held = lease.is_held();
+    let a_still_held = lease.is_valid();
     assert!(
         second.is_err() || !a_still_held,
         "B was granted the lock while A's lease is held for another {:?} (lost() not fired)",

@@ -100,7 +100,7 @@ async fn fuzzed_plain_multi_with_lock_and_reentrant_keep_exclusion_and_fencing()
                                 () = tokio::time::sleep(Duration::from_millis(rng.below(120))) => {}
                                 _ = lease.lost() => {}
                             }
-                            let until = if lease.is_held() {
+                            let until = if lease.is_valid() {
                                 Instant::now()
                             } else {
                                 lease.deadline().min(Instant::now())

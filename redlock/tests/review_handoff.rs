@@ -421,8 +421,7 @@ async fn same_client_handoffs_of_every_kind_keep_exclusion_under_faults() {
                         dropped: bool,
                     ) -> (Info, Release) {
                         let token = guard.token().to_owned();
-                        let info =
-                            (indices, token, guard.deadline(), guard.fencing_token(), shared);
+                        let info = (indices, token, guard.deadline(), None, shared);
                         let release = Box::pin(async move {
                             if dropped {
                                 drop(guard);
@@ -440,7 +439,10 @@ async fn same_client_handoffs_of_every_kind_keep_exclusion_under_faults() {
                                 } else {
                                     rl.lock("p").await.ok()?
                                 };
-                                held(lock, vec![0], false, dropped)
+                                let fence = lock.fencing_token();
+                                let ((indices, token, deadline, _, shared), release) =
+                                    held(lock, vec![0], false, dropped);
+                                ((indices, token, deadline, fence, shared), release)
                             }
                             2 => {
                                 let lock = rl.lock("q").await.ok()?;

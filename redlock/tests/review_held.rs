@@ -186,7 +186,8 @@ async fn fuzzed_readers_and_fenced_writers_keep_exclusion_and_token_order() {
                             _ = lease.lost() => {}
                         }
                         // Held until here only if the lease says so by the clock.
-                        let until = if lease.is_held() { Instant::now() } else { lease.deadline() };
+                        let until =
+                            if lease.is_valid() { Instant::now() } else { lease.deadline() };
                         history.released(id, until);
                         let _ = auto.release().await;
                     } else {
@@ -245,7 +246,7 @@ async fn shutdown_ends_every_lease_and_releases_before_returning() {
         }
     });
     tokio::time::sleep(Duration::from_millis(900)).await;
-    assert!(lease.is_held());
+    assert!(lease.is_valid());
     rl.shutdown(Duration::from_secs(2)).await.unwrap();
     assert!(lease.is_lost());
     assert_eq!(cluster.count_key("a") + cluster.count_key("w"), 0);

@@ -67,8 +67,8 @@ async fn an_undo_timing_out_during_the_linger_is_still_sent_again() {
         // Node 0 re-connects and answers in time (node 1 slowed: the check needs node 0).
         let slow = NetFault::Latency { fixed: Duration::from_millis(20), jitter: Duration::ZERO };
         faulty.proxy(1).set_fault(slow);
-        assert!(lock.is_held().await.unwrap());
-        assert!(lock.is_held().await.unwrap());
+        assert!(lock.check_held().await.unwrap());
+        assert!(lock.check_held().await.unwrap());
         faulty.proxy(1).heal();
         faulty.proxy(0).hold_requests_containing(sha.as_bytes(), Duration::from_secs(10));
         // Node 1's release is held until just before node 0's times out: the round is

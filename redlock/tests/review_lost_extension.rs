@@ -98,7 +98,7 @@ async fn plain_lost_with_a_late_straggler_and_a_healed_node_leaves_nothing_of_ou
     assert!(started.elapsed() < Duration::from_millis(100), "decided before node 4 answered");
     assert_eq!(lock.validity(), Duration::ZERO);
     assert!(!lock.is_valid());
-    assert!(!lock.is_held().await.unwrap());
+    assert!(!lock.check_held().await.unwrap());
     assert!(
         common::eventually(Duration::from_secs(2), || cluster
             .nodes_holding("k", &token)
@@ -159,9 +159,9 @@ async fn multi_lost_to_an_overlapping_set_spares_that_set() {
         assert!(pttl(&cluster, i, "b") > 9_000, "their b not shortened on {i}");
     }
     theirs.extend(Duration::from_secs(10)).await.unwrap();
-    assert!(theirs.is_held().await.unwrap());
+    assert!(theirs.check_held().await.unwrap());
     theirs.release().await.unwrap();
-    assert!(ours.is_held().await.is_ok_and(|held| !held));
+    assert!(ours.check_held().await.is_ok_and(|held| !held));
     ours.release().await.unwrap_err();
     assert_eq!(cluster.count_key("a") + cluster.count_key("b") + cluster.count_key("c"), 0);
 }
@@ -195,12 +195,12 @@ async fn reentrant_lost_hold_spares_the_owners_other_hold() {
             pttl(&cluster, i, "job")
         );
     }
-    assert!(second.is_held().await.unwrap());
+    assert!(second.check_held().await.unwrap());
     assert_eq!(
         other.reentrant("job", "x").once().await.unwrap_err().kind(),
         ErrorKind::NotAcquired
     );
-    assert!(!first.is_held().await.unwrap());
+    assert!(!first.check_held().await.unwrap());
     first.release().await.unwrap_err();
     second.release().await.unwrap();
     assert_eq!(cluster.count_key("job"), 0);
@@ -233,7 +233,7 @@ async fn lost_read_share_spares_the_writer_that_took_over() {
     for &i in &held_by_writer {
         assert!(pttl(&cluster, i, "doc") > 9_000, "writer's key shortened on {i}");
     }
-    assert!(writer.is_held().await.unwrap());
+    assert!(writer.check_held().await.unwrap());
     assert_eq!(rl.read("doc").once().await.unwrap_err().kind(), ErrorKind::NotAcquired);
     writer.release().await.unwrap();
 }
@@ -363,7 +363,7 @@ async fn unavailable_extension_deletes_nothing_and_keeps_the_validity() {
     );
     faulty.proxy(2).heal();
     lock.extend(Duration::from_secs(10)).await.unwrap();
-    assert!(lock.is_held().await.unwrap());
+    assert!(lock.check_held().await.unwrap());
     lock.release().await.unwrap();
     assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("k") == 0).await);
 }
@@ -654,7 +654,7 @@ async fn the_loss_on_a_short_lived_runtime_still_releases() {
         cluster.nodes_holding("k", &token),
         cluster.pttls("k").unwrap()
     );
-    assert!(!lock.is_held().await.unwrap());
+    assert!(!lock.check_held().await.unwrap());
     drop(lock);
     assert_eq!(cluster.nodes_holding("k", "foreign"), vec![0, 1, 2]);
 }

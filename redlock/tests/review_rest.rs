@@ -107,7 +107,7 @@ async fn every_kind_works_through_the_eval_fallback() {
     let rl = common::client(&cluster);
     let before = evals(&cluster);
 
-    // Plain: extend + is_held + release, fenced too.
+    // Plain: extend + check_held + release, fenced too.
     flush_scripts(&cluster);
     let mut lock = rl.try_lock("p").fenced().await.unwrap();
     flush_scripts(&cluster);
@@ -116,7 +116,7 @@ async fn every_kind_works_through_the_eval_fallback() {
     let extended = || cluster.pttls("p").unwrap().iter().all(|t| t.is_some_and(|t| t > 10_000));
     assert!(common::eventually(SETTLE, extended).await, "extend via EVAL");
     flush_scripts(&cluster);
-    assert!(lock.is_held().await.unwrap());
+    assert!(lock.check_held().await.unwrap());
     flush_scripts(&cluster);
     lock.release().await.unwrap();
     assert!(common::eventually(SETTLE, || cluster.count_key("p") == 0).await, "release via EVAL");
@@ -131,7 +131,7 @@ async fn every_kind_works_through_the_eval_fallback() {
     flush_scripts(&cluster);
     many.extend(Duration::from_secs(20)).await.unwrap();
     flush_scripts(&cluster);
-    assert!(many.is_held().await.unwrap());
+    assert!(many.check_held().await.unwrap());
     flush_scripts(&cluster);
     many.release().await.unwrap();
     for k in ["m1", "m2", "m3"] {

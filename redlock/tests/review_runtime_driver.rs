@@ -151,7 +151,7 @@ async fn an_auto_extended_lock_from_a_sync_wrapper_runtime_stays_held_while_node
     let lease = auto.lease();
     // Three leases later, with every node up and fast.
     tokio::time::sleep(Duration::from_millis(1800)).await;
-    let held = lease.is_held();
+    let held = lease.is_valid();
     let pttls = cluster.pttls("job").unwrap();
     drop(auto);
     std::thread::spawn(move || drop(runtime)).join().unwrap();
@@ -178,7 +178,7 @@ async fn control_an_auto_extended_lock_from_a_driven_runtime_stays_held() {
     let auto = rx.recv().unwrap();
     let lease = auto.lease();
     tokio::time::sleep(Duration::from_millis(1800)).await;
-    assert!(lease.is_held());
+    assert!(lease.is_valid());
     drop(auto);
     tokio::task::spawn_blocking(move || driver.join().unwrap()).await.unwrap();
 }

@@ -120,7 +120,7 @@ async fn every_kind_works_after_a_script_flush() {
     flush();
     plain.extend(Duration::from_secs(10)).await.unwrap();
     re.extend(Duration::from_secs(10)).await.unwrap();
-    assert!(plain.is_held().await.unwrap());
+    assert!(plain.check_held().await.unwrap());
     flush();
     let re2 = rl.reentrant("r", "me").once().await.unwrap();
     flush();

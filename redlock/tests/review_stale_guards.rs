@@ -76,7 +76,7 @@ async fn a_stale_read_share_released_and_extended_late_leaves_the_writer_alone()
     assert!(share.release().await.is_err());
     // A new reader is refused while the writer is valid.
     assert_eq!(r.read("doc").once().await.unwrap_err().kind(), ErrorKind::NotAcquired);
-    assert!(writer.is_held().await.unwrap());
+    assert!(writer.check_held().await.unwrap());
     writer.release().await.unwrap();
     assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("doc") == 0).await);
 }

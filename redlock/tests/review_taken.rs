@@ -39,9 +39,9 @@ async fn reconnected_and_held(
     }
     // Re-opens the connections (a check is re-sent on a new one); the nodes that did not
     // count finish in the background.
-    let _ = lock.is_held().await;
+    let _ = lock.check_held().await;
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let _ = lock.is_held().await;
+    let _ = lock.check_held().await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     let sha = release_sha();
     for &i in broken {

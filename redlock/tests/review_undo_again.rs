@@ -68,7 +68,7 @@ async fn a_release_whose_sends_never_left_the_client_does_not_hide_a_lost_hold()
         faulty.proxy(i).set_fault(NetFault::Reset);
     }
     // Finds the connections to nodes 1 and 2 broken: they are dropped, none is open now.
-    let _ = lock.is_held().await;
+    let _ = lock.check_held().await;
     let healers = [heal_after(&faulty, 0, 1, 30), heal_after(&faulty, 0, 2, 30)];
     let result = lock.release().await;
     for healer in healers {

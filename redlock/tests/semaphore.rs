@@ -222,7 +222,7 @@ async fn a_permit_works_with_with_lock_and_is_released_after_the_work() {
     let other = rl.semaphore(RESOURCE, 2).once().await.unwrap();
     let slot = rl
         .with_lock(rl.semaphore(RESOURCE, 2).once(), |lease| async move {
-            assert!(lease.is_held());
+            assert!(lease.is_valid());
             lease.resource().to_owned()
         })
         .await

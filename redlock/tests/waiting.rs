@@ -485,3 +485,63 @@ async fn a_release_hands_the_lock_to_the_clients_next_waiter_at_once_without_a_n
     let gap = granted_at.saturating_duration_since(released_at);
     assert!(gap < Duration::from_secs(2), "the next waiter got the lock {gap:?} after the release");
 }
+
+/// A client with every default but its nodes (and the test's TTL).
+fn defaults(cluster: &Cluster, ttl: Duration) -> Redlock {
+    Redlock::builder().nodes(cluster.urls()).ttl(ttl).build().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_default_lock_and_write_wait_for_a_holder_that_releases_after_a_second() {
+    let cluster = common::cluster(3);
+    let holder = common::client(&cluster);
+    let rl = defaults(&cluster, Duration::from_secs(10));
+    let held = holder.try_lock("slow-holder").await.unwrap();
+    let read = holder.read("slow-readers").once().await.unwrap();
+    let started = Instant::now();
+    let lock = tokio::spawn({
+        let rl = rl.clone();
+        async move { rl.lock("slow-holder").await }
+    });
+    let write = tokio::spawn({
+        let rl = rl.clone();
+        async move { rl.write("slow-readers").await }
+    });
+    // Well past the 3 attempts (about 0.33 s) the default used to give up after.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!lock.is_finished() && !write.is_finished(), "both still wait");
+    held.release().await.unwrap();
+    read.release().await.unwrap();
+    let lock = tokio::time::timeout(Duration::from_secs(8), lock).await.unwrap().unwrap();
+    let write = tokio::time::timeout(Duration::from_secs(8), write).await.unwrap().unwrap();
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    lock.unwrap().release().await.unwrap();
+    write.unwrap().release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_default_lock_gives_up_once_one_ttl_of_its_lock_has_passed() {
+    let cluster = common::cluster(3);
+    let holder = common::client(&cluster);
+    let ttl = Duration::from_secs(2);
+    let rl = defaults(&cluster, ttl);
+    let held = holder.try_lock("kept").await.unwrap();
+    let started = Instant::now();
+    let err = tokio::time::timeout(Duration::from_secs(20), rl.lock("kept").into_future())
+        .await
+        .expect("the default wait is bounded")
+        .unwrap_err();
+    let waited = started.elapsed();
+    assert_eq!(err.kind(), ErrorKind::NotAcquired);
+    // Not before the TTL; well before the holder's 10 s lease ends (generous for a loaded
+    // machine).
+    assert!(waited >= ttl, "gave up after {waited:?}");
+    assert!(waited < Duration::from_secs(8), "gave up after {waited:?}");
+    // A request's own TTL bounds its default wait.
+    let started = Instant::now();
+    let err = rl.lock("kept").ttl(Duration::from_secs(1)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotAcquired);
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_secs(1) && waited < Duration::from_secs(7), "{waited:?}");
+    held.release().await.unwrap();
+}

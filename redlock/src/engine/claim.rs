@@ -385,7 +385,7 @@ impl<P: Protocol> Claim<P> {
 
     /// Asks the nodes whether a quorum still has this hold: `Ok(true)` if so, `Ok(false)`
     /// if too many no longer do, [`ErrorKind::Unavailable`] if too few answered.
-    pub(crate) async fn is_held(&self) -> Result<bool> {
+    pub(crate) async fn check_held(&self) -> Result<bool> {
         if self.lost {
             return Ok(false);
         }
@@ -588,7 +588,7 @@ impl<P: Protocol> Claim<P> {
         clock::now() < self.deadline
     }
 
-    /// The lease of the last grant or extension, as sent to Redis.
+    /// The TTL of the last grant or extension, as sent to Redis.
     pub(crate) fn ttl(&self) -> Duration {
         self.ttl.duration()
     }

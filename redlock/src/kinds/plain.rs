@@ -144,6 +144,16 @@ guard! {
     Lock(Plain), "lock", key
 }
 
+impl Lock {
+    /// The fencing token of a lock taken with [`.fenced()`](crate::LockRequest::fenced):
+    /// larger than that of any earlier grant of the resource, the same for the whole hold
+    /// (extensions keep it); `None` when it was not requested. Pass it with every write the
+    /// lock protects; see [`crate::guide::fencing`].
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.claim.fence()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

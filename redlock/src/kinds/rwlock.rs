@@ -205,6 +205,17 @@ guard! {
     WriteLock(Share), "write grant", key
 }
 
+impl WriteLock {
+    /// The fencing token of a write lock taken with
+    /// [`.fenced()`](crate::WriteRequest::fenced): larger than that of any earlier fenced
+    /// grant of the resource, the same for the whole hold (extensions keep it); `None` when
+    /// it was not requested. (Readers take none: they share the resource, so one order
+    /// over them would fence out the other readers.)
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.claim.fence()
+    }
+}
+
 impl ReadLock {
     /// The hash field of this share (`r:<token>`), whose value is its expiry in the node's
     /// milliseconds.

@@ -214,6 +214,16 @@ guard! {
 }
 
 impl Permit {
+    /// The fencing token of a permit taken with
+    /// [`.fenced()`](crate::SemaphoreRequest::fenced): larger than that of any earlier
+    /// grant of the same slot (not of the resource), the same for the whole hold; `None`
+    /// when it was not requested. See [`crate::guide::semaphore`].
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.claim.fence()
+    }
+}
+
+impl Permit {
     /// Which of the resource's slots this permit holds, in `0..permits()`.
     pub fn slot(&self) -> u32 {
         self.claim.proto().slot

@@ -9,9 +9,12 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod acl;
 mod crypto_provider;
+mod lost_hold;
 mod metrics;
-mod review_unsent;
+mod resend;
+mod runtimes;
 mod secrets;
 mod suspend;
 mod waiting_cpu;
@@ -20,6 +23,7 @@ use std::sync::{Condvar, Mutex};
 
 /// This binary's turn, held until dropped: one test at a time. Not a `MutexGuard`, so that
 /// an async test can hold it across its awaits; a test that panics still gives the turn back.
+#[derive(Debug)]
 #[must_use = "the turn ends when dropped"]
 pub struct Serial(());
 

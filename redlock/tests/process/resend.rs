@@ -1,9 +1,13 @@
-//! Review of ab3965a (node: a command refused on its first poll counts as never written and
-//! goes out on a new connection as a first send), on real redis-server nodes.
+//! Requests sent again on a new connection, where the test needs the process's log or a
+//! stalled client thread (`common::stall`): a release pushed into connections the nodes had
+//! already closed, before the client's thread saw the close, still tells a hold it released
+//! from one taken meanwhile and spares the new holder; a release whose connects time out is
+//! retried only until the lease ends; one to a dead node does not hold up the shutdown.
 
 use crate::common;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use redlock::ErrorKind;
@@ -239,4 +243,75 @@ async fn random_resets_keep_exclusion_and_leave_nothing_behind() {
         .collect();
     assert!(gone.await, "{held} held, {ok_releases} released Ok; left: {left:?}");
     assert!(held > 10, "staging: only {held} locks taken");
+}
+
+// Releases to nodes that cannot be reached, counted in the log.
+
+/// Attack (connect timeouts are now `TimedOut`): a release to a node whose connection was
+/// reset and whose new connects hang (a blackhole: accepted, nothing answered) times out
+/// connecting, and is sent again with doubling pauses. It must stop once nothing it removes
+/// can exist (1 s lease): no retry loop beyond the hold's horizon, no spin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_whose_connects_time_out_is_retried_only_until_the_lease_ends() {
+    let _serial = crate::serial();
+    common::logs();
+    let faulty = FaultyCluster::start(3).unwrap();
+    let rl = common::builder_for(faulty.urls(), Duration::from_millis(200))
+        .connect_timeout(Duration::from_millis(100))
+        .ttl(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let url = faulty.urls()[2].clone();
+    let started = Instant::now();
+    let lock = rl.try_lock("bh").await.unwrap();
+    let token = lock.token().to_string();
+    assert!(
+        common::eventually(Duration::from_secs(1), || {
+            faulty.cluster().nodes_holding("bh", &token).len() == 3
+        })
+        .await
+    );
+    faulty.proxy(2).set_fault(NetFault::Reset);
+    faulty.proxy(2).set_fault(NetFault::Blackhole);
+    lock.release().await.unwrap();
+    // The hold's horizon: the lease (1 s, + 12 ms drift), the connect timeout and twice
+    // the node timeout after `started`, and the clock reading's error (a few ms): retries
+    // stop by then; the last one may still run for a connect timeout.
+    let until = started + Duration::from_millis(1012 + 100 + 400 + 50);
+    tokio::time::sleep_until((until + Duration::from_millis(400)).into()).await;
+    let sent = common::requests_ended(&url, "release");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let later = common::requests_ended(&url, "release");
+    eprintln!("releases sent to node 2: {sent}");
+    assert!(sent >= 2, "the release was not sent again ({sent} sent)");
+    assert!(sent <= 12, "{sent} releases sent to node 2 within the lease: a spin");
+    assert_eq!(sent, later, "releases still sent to node 2 after its keys expired");
+    faulty.proxy(2).heal();
+}
+
+/// A node whose process is dead (its proxy accepts, then closes at once): the release
+/// there is sent again, a few times with growing pauses and never in a spin (a node with
+/// its data on disk may come back within the lease), and a shutdown stops the re-sends
+/// instead of waiting for them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_to_a_dead_node_is_sent_again_and_shutdown_does_not_wait_for_it() {
+    let _serial = crate::serial();
+    common::logs();
+    let mut faulty = FaultyCluster::start(3).unwrap();
+    let rl = common::builder_for(faulty.urls(), Duration::from_millis(200))
+        .connect_timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let url = faulty.urls()[2].clone();
+    let lock = rl.try_lock("dead").await.unwrap();
+    faulty.cluster_mut().node_mut(2).kill().unwrap();
+    lock.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let sent = common::requests_ended(&url, "release");
+    assert!((2..=12).contains(&sent), "{sent} releases sent to the dead node in 800 ms");
+    // The re-sends stop: shutdown does not wait for its deadline.
+    let started = Instant::now();
+    let _ = rl.shutdown(Duration::from_secs(3)).await;
+    let waited = started.elapsed();
+    assert!(waited < Duration::from_millis(500), "shutdown waited {waited:?}");
 }

@@ -1,5 +1,5 @@
-//! The pages that cite tests name real ones, and the README cites none. Every `file::test`
-//! in a table of TESTING.md is a test function in `redlock/tests/<file>.rs` (every
+//! The pages that cite tests name real ones, and the README cites none. Every `module::test`
+//! in a table of TESTING.md is a test function in `redlock/tests/<binary>/<module>.rs` (every
 //! `module::tests::test` one in the module's file under `redlock/src/`, and every name in
 //! parentheses after a `path.rs` in that file of the workspace), so a renamed or deleted
 //! test cannot leave a promise unchecked. The README is the crate's page on crates.io,
@@ -11,17 +11,14 @@ fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Where `file::test` lives: `redlock/tests/<file>.rs`, or a module of a test binary
-/// (`redlock/tests/<binary>/<file>.rs`).
-fn test_file(file: &str) -> Option<PathBuf> {
-    let flat = root().join("tests").join(format!("{file}.rs"));
-    if flat.is_file() {
-        return Some(flat);
-    }
-    let binaries = std::fs::read_dir(root().join("tests")).ok()?;
+/// The files where `module::test` may live: `redlock/tests/<binary>/<module>.rs` of each
+/// test binary (a module name can appear in more than one binary).
+fn test_files(module: &str) -> Vec<PathBuf> {
+    let Ok(binaries) = std::fs::read_dir(root().join("tests")) else { return Vec::new() };
     binaries
-        .filter_map(|entry| Some(entry.ok()?.path().join(format!("{file}.rs"))))
-        .find(|path| path.is_file())
+        .filter_map(|entry| Some(entry.ok()?.path().join(format!("{module}.rs"))))
+        .filter(|path| path.is_file())
+        .collect()
 }
 
 fn read(path: &Path) -> String {
@@ -77,12 +74,11 @@ fn every_test_the_guarantees_table_cites_exists() {
             if file.contains(' ') || test.contains(' ') || file == "redlock" {
                 continue;
             }
-            let path = test_file(file)
-                .unwrap_or_else(|| panic!("`{file}::{test}`: no redlock/tests/{file}.rs"));
+            let paths = test_files(file);
+            assert!(!paths.is_empty(), "`{file}::{test}`: no redlock/tests/<binary>/{file}.rs");
             assert!(
-                read(&path).contains(&format!("fn {test}(")),
-                "`{file}::{test}` is not a test in {}",
-                path.display()
+                paths.iter().any(|path| read(path).contains(&format!("fn {test}("))),
+                "`{file}::{test}` is not a test in {paths:?}"
             );
             cited += 1;
         }
@@ -98,7 +94,7 @@ fn the_readme_cites_no_test() {
         assert!(!word.contains("::tests::"), "the README cites the unit test `{word}`");
         let (file, rest) = word.split_once("::").unwrap();
         let test = rest.rsplit("::").next().unwrap();
-        if let Some(path) = test_file(file).filter(|_| !test.is_empty()) {
+        for path in test_files(file).into_iter().filter(|_| !test.is_empty()) {
             assert!(
                 !read(&path).contains(&format!("fn {test}(")),
                 "the README cites the test `{word}`: cite it in TESTING.md instead"

@@ -30,7 +30,6 @@ mod rwlock;
 mod semaphore;
 mod servers;
 mod shutdown;
-mod spans;
 mod undo;
 mod waiting;
 mod waiting_line;

@@ -1,6 +1,6 @@
 //! Tests that install or measure something process-wide: a metrics recorder, a global
 //! tracing subscriber (the log every test here reads, and a layer that stalls the client's
-//! own thread), the suspend hook that moves every lease of the process ahead, rustls's
+//! own thread), scoped subscribers (tracing's callsite interest is process-wide), the suspend hook that moves every lease of the process ahead, rustls's
 //! crypto provider, a panic hook counting panics, and the CPU time of the whole process.
 //! Any of these would disturb, or be disturbed by, tests running beside it, so each test
 //! here first takes [`serial`]: they run one at a time, and apart from the parallel tests
@@ -16,6 +16,7 @@ mod metrics;
 mod resend;
 mod runtimes;
 mod secrets;
+mod spans;
 mod suspend;
 mod waiting_cpu;
 

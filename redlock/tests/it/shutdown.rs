@@ -43,7 +43,7 @@ fn a_process_that_drops_a_lock_and_shuts_down_leaves_no_key() {
     for _ in 0..3 {
         let output = std::process::Command::new(std::env::current_exe().unwrap())
             .args([
-                "child_drops_a_lock_shuts_down_and_exits",
+                "shutdown::child_drops_a_lock_shuts_down_and_exits",
                 "--exact",
                 "--ignored",
                 "--nocapture",
@@ -53,6 +53,10 @@ fn a_process_that_drops_a_lock_and_shuts_down_leaves_no_key() {
             .unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(output.status.success(), "the child failed: {stderr}");
+        // A child whose name no longer matches runs nothing and exits 0 (the child exits itself,
+        // before the summary).
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(stdout.contains("running 1 test"), "the child ran no test: {stdout}");
         // The child exited; nothing of it runs any more: the key is gone everywhere.
         assert_eq!(cluster.nodes_with_key(CHILD_KEY).unwrap(), Vec::<usize>::new(), "{stderr}");
     }
@@ -113,7 +117,7 @@ fn a_process_that_shuts_down_during_an_acquisition_leaves_no_key() {
         }
         let output = std::process::Command::new(std::env::current_exe().unwrap())
             .args([
-                "child_shuts_down_during_an_acquisition_and_exits",
+                "shutdown::child_shuts_down_during_an_acquisition_and_exits",
                 "--exact",
                 "--ignored",
                 "--nocapture",
@@ -123,6 +127,8 @@ fn a_process_that_shuts_down_during_an_acquisition_leaves_no_key() {
             .unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(output.status.success(), "{mode}: the child failed: {stderr}");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(stdout.contains("running 1 test"), "{mode}: the child ran no test: {stdout}");
         // Anything the child sent has landed by now.
         std::thread::sleep(Duration::from_millis(500));
         let expected: Vec<usize> = if mode == "refused" { vec![0, 1] } else { vec![] };

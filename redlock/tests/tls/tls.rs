@@ -141,7 +141,7 @@ fn from_env_reads_the_tls_files_and_connects_over_mutual_tls() {
     let child = |tls: bool| {
         let mut command = std::process::Command::new(std::env::current_exe().unwrap());
         command
-            .args(["--exact", "locks_with_the_tls_environment", "--ignored", "--nocapture"])
+            .args(["--exact", "tls::locks_with_the_tls_environment", "--ignored", "--nocapture"])
             .env("TLSENV_NODES", cluster.urls().join(","))
             .env("TLSENV_NODE_TIMEOUT", "2s");
         if tls {

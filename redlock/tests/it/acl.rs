@@ -422,7 +422,7 @@ fn the_readmes_acl_lines_are_accepted_where_new_users_get_every_channel() {
         .extra_arg("--acl-pubsub-default")
         .extra_arg("allchannels");
     let node = redlock_testkit::RedisNode::start_with(config).unwrap();
-    let readme = include_str!("../../README.md");
+    let readme = include_str!("../../../README.md");
     let section = &readme[readme.find("## ACL users").expect("the README's ACL section")..];
     let lines: Vec<&str> =
         section.lines().filter(|line| line.starts_with("ACL SETUSER locker ")).collect();

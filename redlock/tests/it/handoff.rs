@@ -710,7 +710,9 @@ async fn a_handoff_behind_the_releasers_acquisition_in_flight_ends_on_every_node
         let (granted_at, token) =
             tokio::time::timeout(Duration::from_secs(8), granted_rx).await.unwrap().unwrap();
         let gap = granted_at - released_at;
-        assert!(gap < ms(250), "round {round}: the handoff took {gap:?}");
+        // Woken by the release's notification, not the 5 s poll; room for a loaded machine
+        // (250 ms failed once with the whole `it` binary running beside other builds).
+        assert!(gap < Duration::from_secs(2), "round {round}: the handoff took {gap:?}");
         let everywhere = || faulty.cluster().nodes_holding(key, &token).len() == 5;
         assert!(
             common::eventually(Duration::from_secs(2), everywhere).await,

@@ -1,41 +1,10 @@
-//! Review of 3e45104: a release of an exclusive hold woke this client's first waiter at
-//! once (`Releases::announce`) and swallowed its own publications for a node timeout, and
-//! an acquisition waited for this client's undos on its keys only until they went out on
-//! the node's connection, not until they were answered: a same-client handoff in one
-//! round trip.
-//!
-//! No overlap of holds was found (plain, fenced, multi, write/read, reentrant; faults,
-//! drops, cancelled waits: `same_client_handoffs_of_every_kind_keep_exclusion_under_
-//! faults`), but the change broke liveness and fairness, and it was taken back: an
-//! acquisition again waits for those undos to be answered, and waiters are woken by the
-//! nodes' notifications only. What failed at 3e45104, and passes now:
-//!
-//! - Lost handoffs: the waiter's SETs overtook the release (a release waiting for a new
-//!   connection counted as out; a release from `Drop` dropped unsent as its runtime ended
-//!   counted as out too), were refused by the releaser's own key, and the release's
-//!   publications, taken for the announced release, woke no one
-//!   (`a_release_that_must_reconnect_does_not_cost_the_woken_waiter_its_turn`,
-//!   `handoffs_right_after_a_blip_do_not_wait_for_the_poll`,
-//!   `a_guard_dropped_as_its_runtime_ends_still_hands_over_at_once`).
-//! - Announces of releases that freed nothing (a late release of an expired lease, a
-//!   cancelled attempt) swallowed the next real release
-//!   (`a_late_release_that_frees_nothing_does_not_swallow_the_next_release`,
-//!   `a_cancelled_attempt_does_not_swallow_the_next_release`,
-//!   `cancelled_attempts_do_not_wake_the_waiter`).
-//! - Another client's waiter was starved while tasks of one client took turns: each
-//!   release reached the nodes with the next task's SET right behind it, so the lock was
-//!   never free there (`another_clients_waiter_is_not_starved_by_one_clients_turns`).
-//! - A release re-sent after its replies were lost read "held by another owner" once the
-//!   same client's waiter had taken the key right behind it, and `release()` said
-//!   `NotHeld` for a hold it had released (`a_release_re_sent_after_a_lost_reply_still_
-//!   says_ok`). With another client's waiter, woken by the notification, it still does,
-//!   as before 3e45104: a re-send cannot tell that key from one taken before the release
-//!   (`a_release_re_sent_after_a_lost_reply_leaves_another_clients_hold_alone`, and
-//!   `review_no_poll` for why "held by another owner" does not count as removed).
-//!
-//! The others pin what held throughout: failed attempts per handoff, read and reentrant
-//! releases waking no one early, a handoff behind the releaser's acquisition still in
-//! flight.
+//! A release of this client's exclusive hold hands the lock to its waiters through the
+//! nodes' notifications: a waiter's requests never overtake the release (also one that must
+//! reconnect, or one dropped as its runtime ends), releases that free nothing (a late release
+//! of an expired lease, a cancelled attempt) swallow no later release, read and reentrant
+//! releases wake no one early, tasks of one client taking turns do not starve another
+//! client's waiter, and a release re-sent after a lost reply says `Ok` without touching
+//! another client's hold. Same-client handoffs of every kind keep exclusion under faults.
 
 use crate::common;
 

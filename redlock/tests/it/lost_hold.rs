@@ -1,18 +1,13 @@
-//! Review: an extension that finds the hold gone (`NotHeld`) ends it (`Claim::lose`):
-//! validity over, keys released in the background behind the extension, later calls local.
-//! Each test is one attack on that argument; a passing test documents an attack that failed.
+//! An extension that finds the hold gone (`NotHeld`) ends it: the validity is over, the keys
+//! are released in the background behind the extension, and later calls answer locally. For
+//! every kind the loss spares the owner that took over (an overlapping set, the owner's other
+//! hold, the writer after a lost share, another writer's intent); a fenced loss is followed by
+//! a larger token; auto-extension and `with_lock` report the loss; the client's own waiters
+//! get in right after it; the lost lease's deadline is not in the future.
 //!
-//! Fixed after the review: the `Lease`'s `deadline()` stayed in the future after the loss
-//! (`a_lost_lease_deadline_is_not_in_the_future`); the lost hold's background release left
-//! no "releasing" mark for the client's waiters; `extend()` of a lost guard checked its
-//! `ttl` argument first; a lost guard dropped without `release()` counted no hold's end.
-//!
-//! Ignored (a known limit, in the README's bounds for every undo):
-//! `a_reset_after_the_extension_ran_leaves_its_renewed_key_for_the_lease`: the release
-//! queued behind the extension is given up after ~0.3 s of connection resets
-//! (`engine/call.rs` `UNDO_AGAIN`; `engine/background.rs` `sends_again` re-sends only
-//! `TimedOut` undos), so the key the lost extension renewed stays for its whole lease. A
-//! plain `release()` has the same bound.
+//! Ignored (a known limit, in the README's bounds for every undo): the release queued behind
+//! the extension is given up after ~0.3 s of connection resets, so a key the lost extension
+//! renewed can stay for its whole lease; a plain `release()` has the same bound.
 
 use crate::common;
 use redlock::{ErrorKind, Lock, Redlock, Retry};

@@ -1,6 +1,5 @@
-//! A waiter behind the first one in line does not spin on its skipped ticks. Alone in its
-//! test binary: it measures the CPU of the whole process, which other tests would share.
-//! (From the review of the waiting line, `review_line.rs`.)
+//! A waiter behind the first one in line does not spin on its skipped ticks. It measures
+//! the CPU of the whole process, so it runs while no other test does (`crate::serial`).
 
 use crate::common;
 

@@ -101,20 +101,60 @@ impl std::io::Write for LogBuffer {
 }
 
 /// Every log line of the test binary, from trace level on: one subscriber per process,
-/// installed by the first call.
+/// installed by the first call. The subscriber also carries [`stall`]'s layer (inert until
+/// armed), since a process has only one.
 pub fn logs() -> &'static std::sync::Arc<std::sync::Mutex<Vec<u8>>> {
     use std::sync::{Arc, Mutex, OnceLock};
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
     LOGS.get_or_init(|| {
         let buffer = Arc::new(Mutex::new(Vec::new()));
         let writer = buffer.clone();
-        tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::TRACE)
+        let log = tracing_subscriber::fmt::layer()
             .with_ansi(false)
-            .with_writer(move || LogBuffer(writer.clone()))
-            .init();
+            .with_writer(move || LogBuffer(writer.clone()));
+        tracing_subscriber::registry().with(log).with(stall::Stall).init();
         buffer
     })
+}
+
+/// Stalls the next event logged on a client's own thread ("redlock-background"): it stands
+/// for a background thread that is busy or descheduled. Needs [`logs`]'s subscriber, and a
+/// binary whose tests run one at a time (every client's own thread has that name).
+pub mod stall {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::time::Duration;
+
+    static STALL_MS: AtomicU64 = AtomicU64::new(0);
+    static STALLING: AtomicBool = AtomicBool::new(false);
+
+    pub(super) struct Stall;
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Stall {
+        fn on_event(&self, _: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+            if std::thread::current().name() != Some("redlock-background") {
+                return;
+            }
+            let ms = STALL_MS.swap(0, Ordering::SeqCst);
+            if ms > 0 {
+                STALLING.store(true, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(ms));
+                STALLING.store(false, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// The next event on a client's own thread stalls it for `ms`.
+    pub fn arm(ms: u64) {
+        super::logs();
+        STALL_MS.store(ms, Ordering::SeqCst);
+    }
+
+    /// Whether a client's own thread is stalled right now.
+    pub fn stalling() -> bool {
+        STALLING.load(Ordering::SeqCst)
+    }
 }
 
 /// How many requests of `op` to the node behind `url` ended so far, from [`logs`].

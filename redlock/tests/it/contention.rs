@@ -1,0 +1,275 @@
+//! Many clients, one resource: the critical sections never overlap.
+//! The exclusive kinds at once on overlapping resources behind fuzzed proxies: no two
+//! exclusive windows overlap and fencing tokens grow with grant order.
+
+use crate::common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redis::Commands;
+use redlock::{Redlock, Retry};
+use redlock_testkit::{FaultyCluster, Fuzz, Grant, History, NodeConfig, RedisNode};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contending_clients_lose_no_update() {
+    let cluster = common::cluster(5);
+    let counter = RedisNode::start().unwrap();
+    const CLIENTS: usize = 8;
+    const SECTIONS: usize = 25;
+    let tasks: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            // Separate clients (separate connections), as separate processes would have.
+            let rl = Redlock::builder()
+                .nodes(cluster.urls())
+                .ttl(Duration::from_secs(5))
+                .node_timeout(Duration::from_millis(200))
+                .retry(
+                    Retry::new()
+                        .with_unbounded_attempts()
+                        .with_delay(Duration::from_millis(1))
+                        .with_jitter(Duration::from_millis(10))
+                        .with_max_wait(Duration::from_secs(60)),
+                )
+                .build()
+                .unwrap();
+            let mut counter = counter.connection().unwrap();
+            tokio::spawn(async move {
+                for _ in 0..SECTIONS {
+                    let lock = rl.lock("counter").await.unwrap();
+                    // A non-atomic read-modify-write: only mutual exclusion keeps it right.
+                    let value: i64 = counter.get("count").unwrap_or(0);
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    let () = counter.set("count", value + 1).unwrap();
+                    assert!(lock.is_valid());
+                    lock.release().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let count: i64 = counter.connection().unwrap().get("count").unwrap();
+    assert_eq!(count, (CLIENTS * SECTIONS) as i64);
+    assert_eq!(cluster.count_key("counter"), 0);
+}
+
+// Every exclusive kind at once, on overlapping resources, behind fuzzed proxies.
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+const RESOURCES: [&str; 3] = ["a", "b", "c"];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fuzzed_plain_multi_with_lock_and_reentrant_keep_exclusion_and_fencing() {
+    let clients = 3;
+    let cluster = FaultyCluster::start_for_clients(3, clients, NodeConfig::new()).unwrap();
+    let seed = Fuzz::seed_from_env_or_random();
+    for c in 0..clients {
+        let fuzz = Fuzz::new(seed.wrapping_add(c as u64))
+            .with_max_delay(Duration::from_millis(5))
+            .with_drop_reply(0.02)
+            .with_reset_request(0.02);
+        cluster.fuzz_client(c, fuzz);
+    }
+    let histories: Arc<Vec<History>> = Arc::new((0..4).map(|_| History::new()).collect());
+    let with_lock_errors = Arc::new(Mutex::new(0usize));
+    let end = Instant::now() + Duration::from_secs(6);
+    let tasks: Vec<_> = (0..clients)
+        .map(|c| {
+            let retry = Retry::new()
+                .with_unbounded_attempts()
+                .with_delay(Duration::from_millis(2))
+                .with_jitter(Duration::from_millis(5))
+                .with_max_wait(Duration::from_millis(600));
+            let rl = Redlock::builder()
+                .nodes(cluster.urls_for(c))
+                .ttl(Duration::from_millis(250))
+                .node_timeout(Duration::from_millis(25))
+                .retry(retry)
+                .build()
+                .unwrap();
+            let histories = histories.clone();
+            let with_lock_errors = with_lock_errors.clone();
+            tokio::spawn(async move {
+                let mut rng = Rng(seed.wrapping_mul(31).wrapping_add(c as u64 * 7919) | 1);
+                while Instant::now() < end {
+                    let r = rng.below(3) as usize;
+                    match rng.below(6) {
+                        0 | 1 => {
+                            let Ok(lock) = rl.lock(RESOURCES[r]).fenced().await else { continue };
+                            let now = Instant::now();
+                            let fence = lock.fencing_token().unwrap();
+                            let id = histories[r].record(
+                                Grant::new(c, lock.token(), now, lock.deadline()).with_fence(fence),
+                            );
+                            tokio::time::sleep(Duration::from_millis(rng.below(5))).await;
+                            histories[r].released(id, Instant::now());
+                            if rng.below(2) == 0 {
+                                let _ = lock.release().await;
+                            } else {
+                                drop(lock);
+                            }
+                        }
+                        2 => {
+                            let Ok(lock) = rl.lock(RESOURCES[r]).fenced().await else { continue };
+                            let fence = lock.fencing_token().unwrap();
+                            let now = Instant::now();
+                            let auto = lock.auto_extend();
+                            let lease = auto.lease();
+                            let id = histories[r].record(
+                                Grant::new(c, lease.token(), now, now + Duration::from_secs(60))
+                                    .with_fence(fence),
+                            );
+                            tokio::select! {
+                                () = tokio::time::sleep(Duration::from_millis(rng.below(120))) => {}
+                                _ = lease.lost() => {}
+                            }
+                            let until = if lease.is_valid() {
+                                Instant::now()
+                            } else {
+                                lease.deadline().min(Instant::now())
+                            };
+                            histories[r].released(id, until);
+                            let _ = auto.release().await;
+                        }
+                        3 => {
+                            let pair = [RESOURCES[r], RESOURCES[(r + 1) % 3]];
+                            let Ok(lock) = rl.many(&pair).await else { continue };
+                            let now = Instant::now();
+                            let ids: Vec<_> = [r, (r + 1) % 3]
+                                .iter()
+                                .map(|&i| {
+                                    (
+                                        i,
+                                        histories[i].record(Grant::new(
+                                            c,
+                                            lock.token(),
+                                            now,
+                                            lock.deadline(),
+                                        )),
+                                    )
+                                })
+                                .collect();
+                            tokio::time::sleep(Duration::from_millis(rng.below(5))).await;
+                            let at = Instant::now();
+                            for (i, id) in ids {
+                                histories[i].released(id, at);
+                            }
+                            let _ = lock.release().await;
+                        }
+                        4 => {
+                            let hist = histories.clone();
+                            let work_ms = rng.below(100);
+                            let slot: Arc<Mutex<Option<redlock_testkit::GrantId>>> = Arc::default();
+                            let slot2 = slot.clone();
+                            let result = rl
+                                .with_lock(RESOURCES[r], move |lease| async move {
+                                    let now = Instant::now();
+                                    let id = hist[r].record(Grant::new(
+                                        c,
+                                        lease.token(),
+                                        now,
+                                        now + Duration::from_secs(60),
+                                    ));
+                                    *slot2.lock().unwrap() = Some(id);
+                                    tokio::time::sleep(Duration::from_millis(work_ms)).await;
+                                    Instant::now()
+                                })
+                                .await;
+                            let id = *slot.lock().unwrap();
+                            if let Some(id) = id {
+                                match result {
+                                    // Ok claims: held from the grant until the work ended.
+                                    Ok(ended) => histories[r].released(id, ended),
+                                    Err(_) => {
+                                        *with_lock_errors.lock().unwrap() += 1;
+                                        let start = histories[r].grants()[id_index(&id)].granted_at;
+                                        histories[r].released(id, start);
+                                    }
+                                }
+                            }
+                        }
+                        _ => {
+                            let owner = format!("owner-{c}");
+                            let Ok(hold) = rl.reentrant("e", &owner).await else { continue };
+                            let now = Instant::now();
+                            let id = histories[3].record(Grant::new(
+                                c,
+                                hold.token(),
+                                now,
+                                hold.deadline(),
+                            ));
+                            // Sometimes a second hold of the same owner on top.
+                            let second = if rng.below(2) == 0 {
+                                rl.reentrant("e", &owner).once().await.ok()
+                            } else {
+                                None
+                            };
+                            tokio::time::sleep(Duration::from_millis(rng.below(5))).await;
+                            let at = Instant::now();
+                            histories[3].released(id, at);
+                            if let Some(second) = second {
+                                let deadline = second.deadline();
+                                // The owner still holds the lock through its second hold.
+                                let id2 = histories[3].record(Grant::new(
+                                    c,
+                                    second.token(),
+                                    at,
+                                    deadline,
+                                ));
+                                tokio::time::sleep(Duration::from_millis(rng.below(5))).await;
+                                histories[3].released(id2, Instant::now());
+                                let _ = hold.release().await;
+                                let _ = second.release().await;
+                            } else {
+                                let _ = hold.release().await;
+                            }
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let mut total = 0;
+    for (i, history) in histories.iter().enumerate() {
+        total += history.len();
+        let violations = history.violations();
+        assert!(
+            violations.is_empty(),
+            "seed {seed}: resource {i}: {} violations, first {}",
+            violations.len(),
+            violations[0]
+        );
+        let fencing = history.fencing_violations();
+        assert!(
+            fencing.is_empty(),
+            "seed {seed}: resource {i}: {} fencing violations, first {}",
+            fencing.len(),
+            fencing[0]
+        );
+    }
+    eprintln!("seed {seed}: {total} grants, with_lock errors {}", with_lock_errors.lock().unwrap());
+    assert!(total > 15, "seed {seed}: too few grants ({total})");
+}
+
+/// GrantIds are handed out in order from 0 (the testkit's index into `grants()`).
+fn id_index(id: &redlock_testkit::GrantId) -> usize {
+    format!("{id:?}").trim_start_matches("GrantId(").trim_end_matches(')').parse().unwrap()
+}

@@ -1,0 +1,89 @@
+//! Dropping: a dropped lock is released in the background, with or without a runtime; a
+//! dropped `lock()` future leaves nothing behind.
+
+use crate::common;
+
+use std::time::Duration;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_lock_is_released_in_the_background() {
+    let cluster = common::cluster(5);
+    let rl = common::client(&cluster);
+    let lock = rl.try_lock("k").await.unwrap();
+    assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("k") == 5).await);
+    drop(lock);
+    assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("k") == 0).await);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_dropped_lock_is_released_on_a_current_thread_runtime_too() {
+    let cluster = common::cluster(3);
+    let rl = common::client(&cluster);
+    let lock = rl.try_lock("k").await.unwrap();
+    drop(lock);
+    assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("k") == 0).await);
+}
+
+#[test]
+fn a_lock_dropped_outside_a_runtime_is_released_on_the_library_thread() {
+    let cluster = common::cluster(3);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let (rl, lock) = runtime.block_on(async {
+        let rl = common::client(&cluster);
+        let lock = rl.try_lock("k").ttl(Duration::from_secs(30)).await.unwrap();
+        // Let every node answer before the runtime goes away.
+        while cluster.count_key("k") < 3 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        (rl, lock)
+    });
+    // The runtime that made the connections is gone: the release must not depend on it.
+    drop(runtime);
+    drop(lock); // no runtime: no panic, no blocking; the library's own thread releases
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while cluster.count_key("k") > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(cluster.count_key("k"), 0, "released long before its 30 s lease");
+    drop(rl);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_lock_call_leaves_no_key() {
+    let mut cluster = common::cluster(5);
+    let rl = common::builder(&cluster, Duration::from_secs(2)).build().unwrap();
+    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    // With a majority hung the attempt is still in flight when we give up on it; its SETs
+    // are queued on the hung nodes.
+    for i in [0, 1, 2] {
+        cluster.node_mut(i).pause().unwrap();
+    }
+    let attempt = tokio::time::timeout(Duration::from_millis(100), rl.lock("k")).await;
+    assert!(attempt.is_err(), "the attempt should still have been running");
+    for i in [0, 1, 2] {
+        cluster.node_mut(i).resume().unwrap();
+    }
+    assert!(
+        common::eventually(Duration::from_secs(2), || cluster.count_key("k") == 0).await,
+        "a cancelled lock() left a key behind"
+    );
+    // And the resource is free.
+    rl.try_lock("k").await.unwrap().release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_moves_into_a_spawned_task() {
+    let cluster = common::cluster(3);
+    let rl = common::client(&cluster);
+    let lock = rl.try_lock("k").await.unwrap();
+    let token = tokio::spawn(async move {
+        let token = lock.token().to_owned();
+        lock.release().await.unwrap();
+        token
+    })
+    .await
+    .unwrap();
+    // release() returns once a quorum released; the last node follows in the background.
+    let released = || cluster.nodes_holding("k", &token).is_empty();
+    assert!(common::eventually(Duration::from_secs(2), released).await);
+}

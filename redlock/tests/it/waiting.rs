@@ -1,0 +1,547 @@
+//! Waiting: woken on release, polling as a fallback, bounded, and leaving nothing behind.
+
+use crate::common;
+
+use std::future::IntoFuture;
+use std::time::{Duration, Instant};
+
+use redlock::{ErrorKind, Redlock, Retry};
+use redlock_testkit::Cluster;
+
+/// A client whose polling is far too slow to explain a fast handoff.
+fn patient(cluster: &Cluster, poll: Duration, max_wait: Duration) -> Redlock {
+    Redlock::builder()
+        .nodes(cluster.urls())
+        .node_timeout(Duration::from_millis(200))
+        .retry(
+            Retry::new()
+                .with_unbounded_attempts()
+                .with_delay(poll)
+                .with_jitter(Duration::ZERO)
+                .with_max_wait(max_wait),
+        )
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_woken_by_the_release_not_by_its_poll() {
+    let cluster = common::cluster(5);
+    let holder = common::client(&cluster);
+    let waiter = patient(&cluster, Duration::from_secs(5), Duration::from_secs(20));
+    let lock = holder.try_lock("hot").await.unwrap();
+    let waiting = tokio::spawn(async move {
+        let lock = waiter.lock("hot").await.unwrap();
+        let granted_at = Instant::now();
+        lock.release().await.unwrap();
+        granted_at
+    });
+    // Let the waiter fail once and subscribe.
+    assert!(
+        common::eventually(Duration::from_secs(2), || common::subscribers(&cluster, "hot")
+            .iter()
+            .all(|&n| n == 1))
+        .await
+    );
+    let released_at = Instant::now();
+    lock.release().await.unwrap();
+    let granted_at = waiting.await.unwrap();
+    let gap = granted_at - released_at;
+    assert!(
+        gap < Duration::from_secs(1),
+        "handoff took {gap:?}: the 5 s poll, not the release, woke the waiter"
+    );
+    // The waiter is done: no subscription is left.
+    assert!(
+        common::eventually(Duration::from_secs(2), || common::subscribers(&cluster, "hot")
+            .iter()
+            .all(|&n| n == 0))
+        .await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_left_to_expire_is_found_by_polling() {
+    let cluster = common::cluster(3);
+    let holder = common::client(&cluster);
+    let waiter = patient(&cluster, Duration::from_millis(50), Duration::from_secs(5));
+    let lock = holder.try_lock("expiring").ttl(Duration::from_millis(300)).await.unwrap();
+    let started = Instant::now();
+    let token = lock.token().to_owned();
+    std::mem::forget(lock); // a crashed holder: no release, no notification
+    let lock = waiter.lock("expiring").await.unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(250));
+    assert_ne!(lock.token(), token);
+    lock.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_is_bounded_by_the_max_wait() {
+    let cluster = common::cluster(3);
+    let holder = common::client(&cluster);
+    let waiter = patient(&cluster, Duration::from_millis(50), Duration::from_millis(400));
+    let lock = holder.try_lock("busy").await.unwrap();
+    let started = Instant::now();
+    let err = waiter.lock("busy").await.unwrap_err();
+    let waited = started.elapsed();
+    assert_eq!(err.kind(), ErrorKind::NotAcquired);
+    assert!(waited >= Duration::from_millis(300) && waited < Duration::from_secs(2), "{waited:?}");
+    lock.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_waiter_leaves_no_lock_and_no_subscription() {
+    let cluster = common::cluster(3);
+    let holder = common::client(&cluster);
+    let waiter = patient(&cluster, Duration::from_secs(5), Duration::from_secs(20));
+    let lock = holder.try_lock("k").await.unwrap();
+    let waiting = tokio::spawn(async move { waiter.lock("k").await });
+    assert!(
+        common::eventually(Duration::from_secs(2), || common::subscribers(&cluster, "k")
+            .iter()
+            .all(|&n| n == 1))
+        .await
+    );
+    waiting.abort();
+    assert!(waiting.await.unwrap_err().is_cancelled());
+    assert!(
+        common::eventually(Duration::from_secs(2), || common::subscribers(&cluster, "k")
+            .iter()
+            .all(|&n| n == 0))
+        .await
+    );
+    assert_eq!(cluster.nodes_holding("k", lock.token()).len(), 3);
+    lock.release().await.unwrap();
+    // Decided at the quorum: the last node's release may still be on its way.
+    assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("k") == 0).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_share_one_subscription_per_node() {
+    let cluster = common::cluster(3);
+    let holder = common::client(&cluster);
+    let shared = patient(&cluster, Duration::from_secs(5), Duration::from_secs(20));
+    let lock = holder.try_lock("shared").await.unwrap();
+    let waiters: Vec<_> = (0..4)
+        .map(|_| {
+            let rl = shared.clone();
+            tokio::spawn(async move { rl.lock("shared").await.unwrap().release().await.unwrap() })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Four waiters of one client: one subscriber connection per node.
+    assert_eq!(common::subscribers(&cluster, "shared"), vec![1, 1, 1]);
+    let clients: Vec<usize> = cluster
+        .nodes()
+        .iter()
+        .map(|node| {
+            let mut con = node.connection().unwrap();
+            let list: String = redis::cmd("CLIENT").arg("LIST").query(&mut con).unwrap();
+            list.lines().filter(|l| l.contains("cmd=subscribe") || l.contains("sub=1")).count()
+        })
+        .collect();
+    assert_eq!(clients, vec![1, 1, 1]);
+    lock.release().await.unwrap();
+    for waiter in waiters {
+        tokio::time::timeout(Duration::from_secs(3), waiter).await.unwrap().unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_asking_again_right_after_its_release_queues_behind_the_clients_waiter() {
+    let cluster = common::cluster(5);
+    // Polling far too slow to explain either grant: both come from release notifications.
+    let rl = patient(&cluster, Duration::from_secs(5), Duration::from_secs(20));
+    let first = rl.lock("turns").await.unwrap();
+    let waiting = tokio::spawn({
+        let rl = rl.clone();
+        async move {
+            let lock = rl.lock("turns").await.unwrap();
+            let granted_at = Instant::now();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let released_at = Instant::now();
+            lock.release().await.unwrap();
+            (granted_at, released_at)
+        }
+    });
+    // The waiter failed once and is in line (subscribed).
+    assert!(
+        common::eventually(Duration::from_secs(2), || common::subscribers(&cluster, "turns")
+            .iter()
+            .all(|&n| n == 1))
+        .await
+    );
+    first.release().await.unwrap();
+    // At once, as a loop taking turns would: without the line, this attempt races the
+    // waiter woken by the release above, and usually wins or splits the votes.
+    let again = rl.lock("turns").await.unwrap();
+    let again_at = Instant::now();
+    let (waiter_granted_at, waiter_released_at) = waiting.await.unwrap();
+    assert!(
+        waiter_granted_at < again_at && waiter_released_at <= again_at,
+        "the task that asked again was served before the waiter already in line"
+    );
+    assert!(
+        again_at - waiter_released_at < Duration::from_secs(1),
+        "woken by the waiter's release, not by the 5 s poll"
+    );
+    again.release().await.unwrap();
+}
+
+/// A client whose waiters poll every 10 ms: a busy line.
+fn eager(cluster: &Cluster, retry: Retry) -> Redlock {
+    common::builder(cluster, Duration::from_millis(50)).retry(retry).build().unwrap()
+}
+
+fn every_10_ms() -> Retry {
+    Retry::new()
+        .with_unbounded_attempts()
+        .with_delay(Duration::from_millis(10))
+        .with_jitter(Duration::ZERO)
+        .with_max_wait(Duration::from_secs(20))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_behind_the_first_in_line_leave_the_attempts_to_it() {
+    let cluster = common::cluster(5);
+    let holder = common::client(&cluster);
+    let rl = eager(&cluster, every_10_ms());
+    let held = holder.try_lock("line").await.unwrap();
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for n in 0..4 {
+        let (rl, order) = (rl.clone(), order.clone());
+        waiters.push(tokio::spawn(async move {
+            let lock = rl.lock("line").await.unwrap();
+            order.lock().unwrap().push(n);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            lock.release().await.unwrap();
+        }));
+        // In line (subscribed) before the next one asks.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let before = common::create_calls(cluster.node(0));
+    let hold = Duration::from_millis(500);
+    tokio::time::sleep(hold).await;
+    let calls = common::create_calls(cluster.node(0)) - before;
+    held.release().await.unwrap();
+    for waiter in waiters {
+        waiter.await.unwrap();
+    }
+    // One waiter polling every 10 ms makes about 50 attempts in 500 ms; four, about 200.
+    assert!(calls < 100, "{calls} attempts in {hold:?}: the waiters behind the first polled too");
+    let mut order = order.lock().unwrap().clone();
+    order.sort_unstable();
+    assert_eq!(order, [0, 1, 2, 3], "every waiter got the lock once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_behind_a_first_one_no_longer_polled_still_gets_the_lock() {
+    let cluster = common::cluster(5);
+    let holder = common::client(&cluster);
+    let rl = eager(&cluster, every_10_ms());
+    let held = holder.try_lock("stuck").await.unwrap();
+    // The first waiter is polled until it is in line, then kept without being polled.
+    let mut stuck = Box::pin(rl.lock("stuck").into_future());
+    assert!(tokio::time::timeout(Duration::from_millis(200), &mut stuck).await.is_err());
+    let second = tokio::spawn({
+        let rl = rl.clone();
+        async move {
+            let lock = rl.lock("stuck").await.unwrap();
+            let granted_at = Instant::now();
+            lock.release().await.unwrap();
+            granted_at
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    let gap = second.await.unwrap() - released_at;
+    // The stuck first waiter starts no attempt: it stands in for no one.
+    assert!(gap < Duration::from_secs(3), "the second waiter waited {gap:?} behind a stalled one");
+    drop(stuck);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_behind_the_first_in_line_still_gives_up_after_its_attempts() {
+    let cluster = common::cluster(5);
+    let holder = common::client(&cluster);
+    let rl = eager(&cluster, every_10_ms());
+    let held = holder.try_lock("bounded").await.unwrap();
+    // First in line, and alive for longer than the second one's whole policy.
+    let first = tokio::spawn({
+        let rl = rl.clone();
+        async move {
+            rl.lock("bounded")
+                .retry(every_10_ms().with_max_wait(Duration::from_secs(2)))
+                .await
+                .map(drop)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let three = Retry::new()
+        .with_max_attempts(3)
+        .with_delay(Duration::from_millis(50))
+        .with_jitter(Duration::ZERO);
+    let started = Instant::now();
+    let err = rl.lock("bounded").retry(three).await.unwrap_err();
+    let waited = started.elapsed();
+    assert_eq!(err.kind(), ErrorKind::NotAcquired, "{err}");
+    // A real attempt's error (a round may decide at the quorum without its stragglers).
+    assert!(err.held_by_others() >= 3, "the error of a real attempt: {err}");
+    assert!(waited < Duration::from_secs(1), "gave up after {waited:?}, not after three ticks");
+    assert_eq!(first.await.unwrap().unwrap_err().kind(), ErrorKind::NotAcquired);
+    held.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_not_held_back_by_a_first_one_that_needs_another_key_too() {
+    let cluster = common::cluster(5);
+    let holder = common::client(&cluster);
+    let rl = eager(&cluster, every_10_ms());
+    let a = holder.try_lock("a").await.unwrap();
+    let b = holder.try_lock("b").await.unwrap();
+    // First in line for "a": a lock of "a" and "b", which waits for "b" as well.
+    let both = tokio::spawn({
+        let rl = rl.clone();
+        async move { rl.many(&["a", "b"]).await.map(drop) }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let alone = tokio::spawn({
+        let rl = rl.clone();
+        async move { rl.lock("a").await.unwrap() }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let released_at = Instant::now();
+    a.release().await.unwrap();
+    // "b" stays held: the first waiter keeps failing, and must not hold this one back.
+    let lock = tokio::time::timeout(Duration::from_secs(2), alone)
+        .await
+        .expect("the lock of \"a\" waited behind the lock of \"a\" and \"b\"")
+        .unwrap();
+    assert!(released_at.elapsed() < Duration::from_secs(2));
+    lock.release().await.unwrap();
+    b.release().await.unwrap();
+    both.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_that_gives_up_after_its_first_attempt_opens_no_subscription() {
+    let cluster = common::cluster(3);
+    let holder = common::client(&cluster);
+    // Its next pause would end past its max_wait: it gives up after one attempt.
+    let brief = Retry::new()
+        .with_unbounded_attempts()
+        .with_delay(Duration::from_millis(100))
+        .with_max_wait(Duration::from_millis(10));
+    let rl = eager(&cluster, brief);
+    let held = holder.try_lock("once").await.unwrap();
+    let err = rl.lock("once").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotAcquired);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut con = cluster.nodes()[0].connection().unwrap();
+    let clients: String = redis::cmd("CLIENT").arg("LIST").query(&mut con).unwrap();
+    let subscribers: Vec<&str> = clients.lines().filter(|c| c.contains("subscribe")).collect();
+    assert!(subscribers.is_empty(), "pub/sub for a wait that never waited: {subscribers:?}");
+    held.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_does_not_poll_while_a_task_of_its_client_holds_the_lock() {
+    let cluster = common::cluster(5);
+    let rl = eager(&cluster, every_10_ms());
+    let first = rl.try_lock("held-here").await.unwrap();
+    // Two waiters; the one granted at the release holds the lock while the other waits:
+    // this client then knows that its own hold excludes the other.
+    let hold = Duration::from_millis(500);
+    let (granted, holding) = tokio::sync::mpsc::unbounded_channel();
+    let waiters: Vec<_> = (0..2)
+        .map(|_| {
+            let (rl, granted) = (rl.clone(), granted.clone());
+            tokio::spawn(async move {
+                let lock = rl.lock("held-here").await.unwrap();
+                // The first one granted holds; the other one is done at once.
+                if granted.send(()).is_ok() {
+                    tokio::time::sleep(hold).await;
+                }
+                lock.release().await.unwrap();
+                Instant::now()
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    first.release().await.unwrap();
+    let mut holding = holding;
+    holding.recv().await.unwrap();
+    drop(holding);
+    let set_calls_everywhere =
+        || (0..5).map(|i| common::create_calls(cluster.node(i))).sum::<u64>();
+    let before = set_calls_everywhere();
+    tokio::time::sleep(hold - Duration::from_millis(100)).await;
+    let calls = set_calls_everywhere() - before;
+    let mut done = Vec::new();
+    for waiter in waiters {
+        done.push(waiter.await.unwrap());
+    }
+    done.sort_unstable();
+    // Polling every 10 ms, the other waiter would try about 40 times (200 SETs) meanwhile.
+    assert_eq!(calls, 0, "{calls} SETs while a task of the same client held the lock");
+    assert!(done[1] - done[0] < Duration::from_secs(1), "the release woke the other waiter");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_polls_again_once_its_clients_hold_is_past_its_validity() {
+    let cluster = common::cluster(5);
+    let rl = eager(&cluster, every_10_ms());
+    let first = rl.try_lock("left-here").await.unwrap();
+    let ttl = Duration::from_millis(300);
+    // Two waiters; the one granted first (at the release, while the other waits) forgets
+    // its lock: no release, no notification. The other must find it gone by polling.
+    let forgotten = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let waiters: Vec<_> = (0..2)
+        .map(|_| {
+            let (rl, forgotten) = (rl.clone(), forgotten.clone());
+            tokio::spawn(async move {
+                let lock = rl.lock("left-here").ttl(ttl).await.unwrap();
+                let granted_at = Instant::now();
+                if forgotten.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                    lock.release().await.unwrap();
+                } else {
+                    std::mem::forget(lock);
+                }
+                granted_at
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    first.release().await.unwrap();
+    let mut grants = Vec::new();
+    for waiter in waiters {
+        grants.push(tokio::time::timeout(Duration::from_secs(5), waiter).await.unwrap().unwrap());
+    }
+    grants.sort_unstable();
+    let gap = grants[1] - grants[0];
+    assert!(gap >= ttl - Duration::from_millis(50), "granted {gap:?} into a valid hold");
+    assert!(gap < ttl * 2, "found {gap:?} after the grant");
+}
+
+/// This client's waiters cannot be notified (its ACL user has no release channels) and
+/// poll every 5 s: a task's release still hands the lock to the client's next waiter at
+/// once, which then makes a normal attempt on the key the release freed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_hands_the_lock_to_the_clients_next_waiter_at_once_without_a_notification() {
+    let cluster = common::cluster(3);
+    let rules: Vec<&str> = common::MINIMAL_ACL
+        .iter()
+        .copied()
+        .filter(|rule| *rule != "&redlock:released:app:*")
+        .chain(["resetchannels"])
+        .collect();
+    for node in cluster.nodes() {
+        node.acl_setuser("quiet", "quiet-pass", &rules).unwrap();
+    }
+    let urls = cluster.nodes().iter().map(|node| node.url_as("quiet", "quiet-pass")).collect();
+    let slow = Retry::new()
+        .with_unbounded_attempts()
+        .with_delay(Duration::from_secs(5))
+        .with_jitter(Duration::ZERO)
+        .with_max_wait(Duration::from_secs(20));
+    let rl = common::builder_for(urls, Duration::from_millis(200))
+        .key_prefix("app:")
+        .retry(slow)
+        .build()
+        .unwrap();
+    let other = common::client(&cluster);
+    let held = other.try_lock("app:turns").await.unwrap();
+    // The first task polls fast; the second waits behind it.
+    let fast = Retry::new()
+        .with_unbounded_attempts()
+        .with_delay(Duration::from_millis(20))
+        .with_max_wait(Duration::from_secs(10));
+    let first = tokio::spawn({
+        let rl = rl.clone();
+        async move {
+            let lock = rl.lock("turns").retry(fast).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let released_at = Instant::now();
+            lock.release().await.unwrap();
+            released_at
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let second = tokio::spawn({
+        let rl = rl.clone();
+        async move {
+            let lock = rl.lock("turns").await.unwrap();
+            let granted_at = Instant::now();
+            lock.release().await.unwrap();
+            granted_at
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    held.release().await.unwrap();
+    let released_at = first.await.unwrap();
+    let granted_at = tokio::time::timeout(Duration::from_secs(15), second).await.unwrap().unwrap();
+    let gap = granted_at.saturating_duration_since(released_at);
+    assert!(gap < Duration::from_secs(2), "the next waiter got the lock {gap:?} after the release");
+}
+
+/// A client with every default but its nodes (and the test's TTL).
+fn defaults(cluster: &Cluster, ttl: Duration) -> Redlock {
+    Redlock::builder().nodes(cluster.urls()).ttl(ttl).build().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_default_lock_and_write_wait_for_a_holder_that_releases_after_a_second() {
+    let cluster = common::cluster(3);
+    let holder = common::client(&cluster);
+    let rl = defaults(&cluster, Duration::from_secs(10));
+    let held = holder.try_lock("slow-holder").await.unwrap();
+    let read = holder.read("slow-readers").once().await.unwrap();
+    let started = Instant::now();
+    let lock = tokio::spawn({
+        let rl = rl.clone();
+        async move { rl.lock("slow-holder").await }
+    });
+    let write = tokio::spawn({
+        let rl = rl.clone();
+        async move { rl.write("slow-readers").await }
+    });
+    // Well past the 3 attempts (about 0.33 s) the default used to give up after.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!lock.is_finished() && !write.is_finished(), "both still wait");
+    held.release().await.unwrap();
+    read.release().await.unwrap();
+    let lock = tokio::time::timeout(Duration::from_secs(8), lock).await.unwrap().unwrap();
+    let write = tokio::time::timeout(Duration::from_secs(8), write).await.unwrap().unwrap();
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    lock.unwrap().release().await.unwrap();
+    write.unwrap().release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_default_lock_gives_up_once_one_ttl_of_its_lock_has_passed() {
+    let cluster = common::cluster(3);
+    let holder = common::client(&cluster);
+    let ttl = Duration::from_secs(2);
+    let rl = defaults(&cluster, ttl);
+    let held = holder.try_lock("kept").await.unwrap();
+    let started = Instant::now();
+    let err = tokio::time::timeout(Duration::from_secs(20), rl.lock("kept").into_future())
+        .await
+        .expect("the default wait is bounded")
+        .unwrap_err();
+    let waited = started.elapsed();
+    assert_eq!(err.kind(), ErrorKind::NotAcquired);
+    // Not before the TTL; well before the holder's 10 s lease ends (generous for a loaded
+    // machine).
+    assert!(waited >= ttl, "gave up after {waited:?}");
+    assert!(waited < Duration::from_secs(8), "gave up after {waited:?}");
+    // A request's own TTL bounds its default wait.
+    let started = Instant::now();
+    let err = rl.lock("kept").ttl(Duration::from_secs(1)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotAcquired);
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_secs(1) && waited < Duration::from_secs(7), "{waited:?}");
+    held.release().await.unwrap();
+}

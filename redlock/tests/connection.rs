@@ -361,3 +361,41 @@ fn an_acquisition_left_in_an_idle_runtime_does_not_set_the_key_after_its_release
     );
     drop(runtime);
 }
+
+/// A synchronous wrapper's current-thread runtime runs only during its calls. A release
+/// answered by a quorum leaves its slowest node's request to the background; if that
+/// node's connection then breaks with the release unanswered, the release is sent again
+/// while the runtime sits idle, not at the wrapper's next call or the lease's end.
+#[test]
+fn a_release_whose_slow_node_resets_after_an_idle_sync_wrappers_call_still_reaches_it() {
+    let faulty = FaultyCluster::start(3).unwrap();
+    let rl = common::builder_for(faulty.urls(), Duration::from_millis(500))
+        .ttl(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async { rl.try_lock("warm").await.unwrap().release().await.unwrap() });
+    let lock = runtime.block_on(async { rl.try_lock("k").await.unwrap() });
+    let token = lock.token().to_owned();
+    let node = faulty.cluster().node(2);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while node.get("k").unwrap().as_deref() != Some(&token) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    faulty.proxy(2).set_fault(common::latency(100));
+    runtime.block_on(async { lock.release().await.unwrap() });
+    // The release to node 2 is still in the proxy: lost, and its connection closed.
+    faulty.proxy(2).set_fault(NetFault::Blackhole);
+    std::thread::sleep(Duration::from_millis(300));
+    faulty.proxy(2).heal();
+    let deadline = Instant::now() + Duration::from_secs(8);
+    while node.exists("k").unwrap() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        !node.exists("k").unwrap(),
+        "left on node 2 while the wrapper's runtime sits idle (pttl {:?})",
+        node.pttl("k")
+    );
+    drop(runtime);
+}

@@ -227,7 +227,11 @@ impl RedlockBuilder {
     ///
     /// On by default. Turn it off for a multi-thread runtime built without `enable_io`:
     /// Tokio panics when such a runtime opens a socket, and the client then falls back to
-    /// its own thread's connection after one caught panic per node.
+    /// its own thread's connection after one caught panic per node (a build with
+    /// `panic = "abort"` aborts instead). Turn it off too where a task may block every
+    /// worker of its runtime while it waits for a lock (another executor's `block_on`
+    /// called in a task): the connection's driver then has no worker to run on, and the
+    /// call never returns.
     pub fn connections_per_runtime(mut self, on: bool) -> Self {
         self.connections_per_runtime = on;
         self

@@ -101,7 +101,10 @@ impl Redlock {
             // The node timeout starts once the node has a connection, as in a lock's round.
             let sent = async {
                 match node.connect_first().await {
-                    Ok(()) => tokio::time::timeout(timeout, node.send(&command, timeout)).await,
+                    Ok(()) => {
+                        let by = crate::clock::now() + timeout;
+                        tokio::time::timeout(timeout, node.send(&command, timeout, by)).await
+                    }
                     Err(failure) => Ok(crate::node::Reply::unconnected(failure)),
                 }
             };
@@ -179,7 +182,8 @@ impl Redlock {
         // Two round trips: the `PING` and the removal.
         let timeout = self.core.config.node_timeout * 2;
         let removals = self.core.nodes.iter().map(|node| {
-            let sent = tokio::time::timeout(timeout, node.send(&command, timeout));
+            let by = crate::clock::now() + timeout;
+            let sent = tokio::time::timeout(timeout, node.send(&command, timeout, by));
             async move { matches!(sent.await, Ok(reply) if reply.value.is_ok()) }
         });
         futures::future::join_all(removals).await.into_iter().filter(|&ok| ok).count()

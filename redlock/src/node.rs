@@ -697,9 +697,12 @@ impl Node {
     /// the new one only if it is [`Resend::Safe`]: it may have run before the drop.
     ///
     /// A [bounded](Command::bounded) command gets its deadline here: `within` from now in
-    /// the node's clock, plus the estimate's error (see [`Node::deadline`]).
-    pub(crate) async fn send(&self, command: &Command, within: Duration) -> Reply {
-        let bound = command.is_bounded().then_some(within);
+    /// the node's clock, plus the estimate's error (see [`Node::deadline`]); it is not sent
+    /// at all once `by` has passed (it answers `LATE`, as the node would): the client's
+    /// bounds on what a create may still set count on every create going out by then,
+    /// however late its future is polled (a caller's runtime idle or blocked meanwhile).
+    pub(crate) async fn send(&self, command: &Command, within: Duration, by: Instant) -> Reply {
+        let bound = command.is_bounded().then_some((within, by));
         let reply = self.send_cmd(command.first(), command.resend(), bound).await;
         if !matches!(&reply.value, Err(failure) if failure.is_noscript()) {
             return reply;
@@ -713,15 +716,30 @@ impl Node {
 
     /// `cmd`, ending with its deadline if it is `bound` to be given up on that long after
     /// it goes out (see [`Node::deadline`]): stamped once its connection is there, so that
-    /// the deadline is read from that connection's reading of the node's clock.
-    async fn stamped<'a>(&self, cmd: &'a Cmd, bound: Option<Duration>) -> Cow<'a, Cmd> {
-        let Some(within) = bound else { return Cow::Borrowed(cmd) };
+    /// the deadline is read from that connection's reading of the node's clock. `Err` for
+    /// a bound command whose time to go out has passed: it must not go out.
+    async fn stamped<'a>(
+        &self,
+        cmd: &'a Cmd,
+        bound: Option<(Duration, Instant)>,
+    ) -> Result<Cow<'a, Cmd>, Failure> {
+        let Some((within, by)) = bound else { return Ok(Cow::Borrowed(cmd)) };
+        let deadline = Box::pin(self.deadline(within)).await;
+        if crate::clock::now() > by {
+            let message = "LATE the request was due to go out earlier: not sent";
+            return Err(Failure::Server { code: "LATE".into(), message: message.into() });
+        }
         let mut cmd = cmd.clone();
-        cmd.arg(Box::pin(self.deadline(within)).await);
-        Cow::Owned(cmd)
+        cmd.arg(deadline);
+        Ok(Cow::Owned(cmd))
     }
 
-    async fn send_cmd(&self, cmd: &Cmd, resend: Resend, bound: Option<Duration>) -> Reply {
+    async fn send_cmd(
+        &self,
+        cmd: &Cmd,
+        resend: Resend,
+        bound: Option<(Duration, Instant)>,
+    ) -> Reply {
         if resend == Resend::Never {
             return Box::pin(self.send_once(cmd)).await;
         }
@@ -732,7 +750,10 @@ impl Node {
                 Err(failure) => return Reply::unconnected(failure),
             },
         };
-        let stamped = self.stamped(cmd, bound).await;
+        let stamped = match self.stamped(cmd, bound).await {
+            Ok(stamped) => stamped,
+            Err(failure) => return Reply { value: Err(failure) },
+        };
         match self.send_on(first, &stamped).await {
             Sent::Reply(value) => Reply { value },
             // Safe to repeat (every lock operation is): once more on a new connection.
@@ -770,11 +791,14 @@ impl Node {
     /// Sends `cmd` on a new connection: a connection opened before this call may have
     /// died since (a node restart, an idle timeout), and one more try spares the caller a
     /// spurious failure.
-    async fn send_anew(&self, cmd: &Cmd, bound: Option<Duration>) -> Reply {
+    async fn send_anew(&self, cmd: &Cmd, bound: Option<(Duration, Instant)>) -> Reply {
         let value = match self.connection().await {
-            Ok(handle) => match self.send_on(handle, &*self.stamped(cmd, bound).await).await {
-                Sent::Reply(value) => value,
-                Sent::Stale(failure) => Err(failure),
+            Ok(handle) => match self.stamped(cmd, bound).await {
+                Ok(stamped) => match self.send_on(handle, &stamped).await {
+                    Sent::Reply(value) => value,
+                    Sent::Stale(failure) => Err(failure),
+                },
+                Err(failure) => Err(failure),
             },
             Err(failure) => Err(failure),
         };

@@ -21,7 +21,7 @@
 
 use crate::timing;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
@@ -144,13 +144,17 @@ pub(crate) fn finish<F, M: Remake>(
         return;
     }
     let tasks = undos.core.tasks.clone();
+    let left = Arc::new(Mutex::new(Left { nodes: pending, taken: false }));
     // Built outside the task: a task dropped before its first poll still hands its undos on.
-    let mut unfinished = Unfinished {
-        left: pending,
+    let unfinished = Unfinished {
+        left: left.clone(),
         undos: undos.clone(),
         hand_over: place == Place::Caller,
         _tracked: tracked,
     };
+    // A current-thread runtime may sit idle with the task in flight: watched from the
+    // client's own thread.
+    let watched = (place == Place::Caller && on_current_thread_runtime()).then(|| undos.clone());
     let task = async move {
         let mut rest = rest;
         // Once only undos sent again after a failure are left: a shutdown names their
@@ -161,19 +165,90 @@ pub(crate) fn finish<F, M: Remake>(
                 parked = Some(undos.core.tasks.park());
             }
             let Some((i, outcome)) = next(&mut rest, &mut retries).await else { break };
-            if undos.sends_again(i, &outcome, &mut retries) {
-                continue;
+            {
+                let mut left = lock(&unfinished.left);
+                if left.taken {
+                    // The client's own thread took the rest over: nothing more to do here.
+                    break;
+                }
+                if undos.sends_again(i, &outcome, &mut retries) {
+                    continue;
+                }
+                left.nodes.retain(|node| *node != i);
             }
-            unfinished.left.retain(|node| *node != i);
             report(&undos, i, &outcome);
         }
         drop(parked);
         drop(unfinished);
     };
     match place {
-        Place::Caller => tasks.spawn(task),
+        Place::Caller => {
+            tasks.spawn(task);
+            if let Some(undos) = watched {
+                take_over_if_idle(undos, left);
+            }
+        }
         Place::Own => drop(tasks.spawn_own(task)),
     }
+}
+
+/// Whether the caller runs on a current-thread runtime: it runs its tasks only while its
+/// `block_on` does, which a synchronous wrapper calls now and then.
+fn on_current_thread_runtime() -> bool {
+    tokio::runtime::Handle::try_current().is_ok_and(|runtime| {
+        runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread
+    })
+}
+
+/// How long undos left on a caller's runtime may take there before the client's own
+/// thread takes them over: a connect, then a node timeout for the send and each of its
+/// quick re-sends after a lost connection, and their pauses.
+fn idle_after(core: &Core) -> Duration {
+    let config = &core.config;
+    let sends = u32::try_from(timing::UNDO_AGAIN.len() + 1).unwrap_or(u32::MAX);
+    let pauses: Duration = timing::UNDO_AGAIN.iter().sum();
+    config.connect_timeout + config.node_timeout.saturating_mul(sends) + pauses
+}
+
+/// Watches undos left on a current-thread runtime from the client's own thread: a
+/// current-thread runtime may sit idle with them in flight (a synchronous wrapper between
+/// two calls), so that an undo lost with its connection would not be sent again until the
+/// next call, and its key would stay meanwhile. Once [`idle_after`] has passed, the nodes
+/// still unanswered get their undos anew on the own thread (every undo is safe to repeat,
+/// and answers as the first send would), and the caller's task stops at its next answer.
+/// Their first sends went out in the round: nothing is needed sooner.
+fn take_over_if_idle<M: Remake>(undos: Undos<M>, left: Arc<Mutex<Left>>) {
+    let tasks = undos.core.tasks.clone();
+    let after = idle_after(&undos.core);
+    let watch = async move {
+        // Not waited for by a shutdown: it only stands by for undos already sent.
+        let _parked = undos.core.tasks.park();
+        tokio::time::sleep(after).await;
+        let nodes = {
+            let mut left = lock(&left);
+            if left.nodes.is_empty() {
+                return;
+            }
+            left.taken = true;
+            std::mem::take(&mut left.nodes)
+        };
+        let slots = Slots::new(undos.core.nodes.len());
+        let remake = undos.remake.clone();
+        let requests = Rest::new(&slots, nodes.iter().map(|&i| remake(i, slots.get(i))));
+        finish(undos, requests, nodes, Taken::new(), None, Place::Own);
+    };
+    drop(tasks.spawn_own(watch));
+}
+
+/// The nodes whose undo has not answered yet, and whether the client's own thread took
+/// them over (see [`take_over_if_idle`]).
+struct Left {
+    nodes: Nodes,
+    taken: bool,
+}
+
+fn lock(left: &Mutex<Left>) -> MutexGuard<'_, Left> {
+    left.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl<M: Remake> Undos<M> {
@@ -273,7 +348,7 @@ where
 /// The nodes whose undo has not answered yet: if the task is dropped before (its runtime
 /// ended), they are sent again on the client's own thread.
 struct Unfinished<M: Remake> {
-    left: Nodes,
+    left: Arc<Mutex<Left>>,
     undos: Undos<M>,
     hand_over: bool,
     /// The undos' registration, held for its `Drop`: as a field it goes only after `drop`
@@ -283,10 +358,14 @@ struct Unfinished<M: Remake> {
 
 impl<M: Remake> Drop for Unfinished<M> {
     fn drop(&mut self) {
-        if !self.hand_over || self.left.is_empty() {
-            return;
-        }
-        let left = std::mem::take(&mut self.left);
+        let left = {
+            let mut left = lock(&self.left);
+            if !self.hand_over || left.taken || left.nodes.is_empty() {
+                return;
+            }
+            left.taken = true;
+            std::mem::take(&mut left.nodes)
+        };
         let remake = self.undos.remake.clone();
         let slots = Slots::new(self.undos.core.nodes.len());
         let requests = Rest::new(&slots, left.iter().map(|&i| remake(i, slots.get(i))));

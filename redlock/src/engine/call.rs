@@ -62,6 +62,11 @@ impl NodeCall {
         let Self { node: i, op, command, slot, since } = self;
         let node = core.nodes[i].clone();
         let timeout = core.config.node_timeout;
+        // The latest a create of this call may go out, whenever its future is polled (its
+        // caller's runtime may sit idle or blocked with it in flight): what the claim's
+        // horizon counts on (a connect timeout, then a node timeout for a send again on a
+        // new connection). Past it the create is not sent, so it cannot outlive its undo.
+        let by = crate::clock::now() + core.config.connect_timeout + timeout;
         // Made before the future: a request dropped before its first poll settles too.
         let settle = SettleOnDrop::new(slot);
         async move {
@@ -73,11 +78,12 @@ impl NodeCall {
                 // attempt's.
                 return (i, NodeOutcome::Absent);
             }
-            let reply = exchange(node.connect_first(), timeout, || node.send(&command, timeout));
+            let reply =
+                exchange(node.connect_first(), timeout, || node.send(&command, timeout, by));
             let reply = match reply.await {
                 Some(reply) if reply.is_lost() && op.is_undo() => {
                     // Rare: boxed, so that every request's future stays small.
-                    Box::pin(undo_again(&node, &command, timeout, reply, since)).await
+                    Box::pin(undo_again(&node, &command, (timeout, by), reply, since)).await
                 }
                 reply => reply,
             };
@@ -125,7 +131,7 @@ where
 async fn undo_again(
     node: &Node,
     command: &Command,
-    timeout: Duration,
+    (timeout, by): (Duration, std::time::Instant),
     first: Reply,
     since: u64,
 ) -> Option<Reply> {
@@ -133,7 +139,7 @@ async fn undo_again(
         return Some(first);
     }
     let reached = || node.may_have_reached(since);
-    resend_lost(first, reached, || tokio::time::timeout(timeout, node.send(command, timeout))).await
+    resend_lost(first, reached, || tokio::time::timeout(timeout, node.send(command, timeout, by))).await
 }
 
 /// [`undo_again`]'s pacing, with the node behind two seams: `reached` says whether what the

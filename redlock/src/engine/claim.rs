@@ -251,7 +251,8 @@ impl<P: Protocol> Claim<P> {
         };
         let requests = round::Rest::new(&slots, requests);
         let (round, rest) = round::run_until(requests, outcomes, clock::now(), answered).await;
-        self.finish_undos(rest, &round, tracked, (Op::CleanUp, &command), "clean-up");
+        let what = (Op::CleanUp, &command);
+        self.finish_undos(rest, &round, tracked, what, "clean-up", Place::Caller);
         self.armed = false;
     }
 
@@ -365,7 +366,7 @@ impl<P: Protocol> Claim<P> {
         let was_valid = self.is_valid();
         let command = Arc::new(self.proto.command(Op::Release, &self.undo_args()));
         let (round, rest, tracked) = self.undo_round(Op::Release, &command).await;
-        self.finish_undos(rest, &round, tracked, (Op::Release, &command), "release");
+        self.finish_undos(rest, &round, tracked, (Op::Release, &command), "release", Place::Caller);
         // Only now: if this future is dropped mid-round, Drop releases again (every
         // release is safe to repeat).
         self.armed = false;
@@ -485,7 +486,7 @@ impl<P: Protocol> Claim<P> {
         self.core.undos.track(self.proto.keys(), Some(&self.hold()), sent)
     }
 
-    /// Leaves the undos of `round` still in flight to the background; see
+    /// Leaves the undos of `round` still in flight to the background, in `place`; see
     /// [`background`]. `tracked` is the undos' registration: it stays until they are over.
     fn finish_undos<F>(
         &self,
@@ -494,6 +495,7 @@ impl<P: Protocol> Claim<P> {
         tracked: Tracked,
         (op, command): (Op, &Arc<Command>),
         what: &'static str,
+        place: Place,
     ) where
         F: Future<Output = (usize, NodeOutcome)> + Send + 'static,
     {
@@ -516,7 +518,7 @@ impl<P: Protocol> Claim<P> {
             .filter(|&(i, outcome)| round.lingered.contains(&i) || background::may_pass(outcome))
             .map(|(i, outcome)| (i, outcome.clone()))
             .collect();
-        background::finish(undos, rest, pending, taken, Some(tracked), Place::Caller);
+        background::finish(undos, rest, pending, taken, Some(tracked), place);
     }
 
     /// Makes `command` again for a node: for undos sent again from the background.
@@ -527,14 +529,19 @@ impl<P: Protocol> Claim<P> {
     }
 
     /// The release of a claim dropped while armed: on the client's own thread, so that it
-    /// neither blocks nor depends on the runtime (if any) that dropped it.
+    /// neither blocks nor depends on the runtime (if any) that dropped it. Its requests
+    /// are made here and first polled there: on the caller's runtime they would wait for
+    /// that runtime to run again, which a synchronous wrapper's current-thread runtime does
+    /// only at its next call, and a multi-thread runtime only once a worker is free (the
+    /// key would stay meanwhile, up to its lease).
     fn release_detached(&mut self) {
         let command = Arc::new(self.proto.command(Op::Release, &self.undo_args()));
         let requests = self.everywhere(Op::Release, &command);
         let tracked = self.track(&requests);
         self.note_releasing();
         let unsent = Round::none(self.core.nodes.len(), clock::now());
-        self.finish_undos(requests, &unsent, tracked, (Op::Release, &command), "release");
+        let what = (Op::Release, &command);
+        self.finish_undos(requests, &unsent, tracked, what, "release", Place::Own);
     }
 
     /// When nothing this claim's creates and renewals did or may still do on a node can

@@ -833,3 +833,77 @@ async fn every_kind_works_through_the_eval_fallback() {
 
     assert!(evals(&cluster) > before + 20, "the fallback was not exercised");
 }
+
+/// An acquisition's slowest node (its connection still opening when the quorum decided)
+/// is left to the caller's runtime; if that runtime then sits idle (a synchronous
+/// wrapper's current-thread runtime between calls) past the point where nothing of the
+/// lock may exist any more, the request must not go out fresh when the runtime runs again:
+/// the lock was released meanwhile (dropped on another thread), and a create sent then
+/// would set the key again for a whole lease, after its release's tombstone expired.
+#[test]
+fn an_acquisition_left_in_an_idle_runtime_does_not_set_the_key_after_its_release() {
+    let faulty = FaultyCluster::start(3).unwrap();
+    let ttl = Duration::from_secs(1);
+    let rl =
+        common::builder_for(faulty.urls(), Duration::from_millis(200)).ttl(ttl).build().unwrap();
+    // Node 2's connect (TCP, the script preload, `TIME`, `INFO`) takes several round trips
+    // of 2 x 40 ms: the quorum of nodes 0 and 1 decides first.
+    faulty.proxy(2).set_fault(common::latency(40));
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let lock = runtime.block_on(async { rl.try_lock("k").await.unwrap() });
+    let token = lock.token().to_owned();
+    // Released outside any runtime: on the client's own thread, everywhere.
+    std::thread::spawn(move || drop(lock)).join().unwrap();
+    let node = faulty.cluster().node(2);
+    // Past the lock's horizon (lease, connect timeout, node timeouts, clock errors): the
+    // release's tombstone on node 2 is gone.
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(faulty.cluster().count_key("k"), 0);
+    // The wrapper's next call runs the runtime again.
+    runtime.block_on(async { tokio::time::sleep(Duration::from_millis(300)).await });
+    assert_eq!(
+        node.get("k").unwrap(),
+        None,
+        "the released lock's key {token} came back on node 2 (pttl {:?})",
+        node.pttl("k")
+    );
+    drop(runtime);
+}
+
+/// A synchronous wrapper's current-thread runtime runs only during its calls. A release
+/// answered by a quorum leaves its slowest node's request to the background; if that
+/// node's connection then breaks with the release unanswered, the release is sent again
+/// while the runtime sits idle, not at the wrapper's next call or the lease's end.
+#[test]
+fn a_release_whose_slow_node_resets_after_an_idle_sync_wrappers_call_still_reaches_it() {
+    let faulty = FaultyCluster::start(3).unwrap();
+    let rl = common::builder_for(faulty.urls(), Duration::from_millis(500))
+        .ttl(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async { rl.try_lock("warm").await.unwrap().release().await.unwrap() });
+    let lock = runtime.block_on(async { rl.try_lock("k").await.unwrap() });
+    let token = lock.token().to_owned();
+    let node = faulty.cluster().node(2);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while node.get("k").unwrap().as_deref() != Some(&token) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    faulty.proxy(2).set_fault(common::latency(100));
+    runtime.block_on(async { lock.release().await.unwrap() });
+    // The release to node 2 is still in the proxy: lost, and its connection closed.
+    faulty.proxy(2).set_fault(NetFault::Blackhole);
+    std::thread::sleep(Duration::from_millis(300));
+    faulty.proxy(2).heal();
+    let deadline = Instant::now() + Duration::from_secs(8);
+    while node.exists("k").unwrap() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        !node.exists("k").unwrap(),
+        "left on node 2 while the wrapper's runtime sits idle (pttl {:?})",
+        node.pttl("k")
+    );
+    drop(runtime);
+}

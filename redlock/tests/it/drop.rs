@@ -87,3 +87,70 @@ async fn a_lock_moves_into_a_spawned_task() {
     let released = || cluster.nodes_holding("k", &token).is_empty();
     assert!(common::eventually(Duration::from_secs(2), released).await);
 }
+
+/// A synchronous wrapper keeps a current-thread runtime and enters it with `block_on` per
+/// call; between calls nothing runs on it. A lock dropped at the end of a call (the usual
+/// scope guard) is still released at once, not at the wrapper's next call or its lease's
+/// end.
+#[test]
+fn a_lock_dropped_in_a_sync_wrappers_idle_runtime_is_released_at_once() {
+    let cluster = common::cluster(3);
+    let rl = common::client(&cluster);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let _lock = rl.try_lock("k").ttl(Duration::from_secs(30)).await.unwrap();
+        // Every node answered before the scope ends.
+        while cluster.count_key("k") < 3 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+    // The runtime now sits idle, as a wrapper's does between calls.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while cluster.count_key("k") > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(cluster.count_key("k"), 0, "left on the nodes while the runtime sits idle");
+    drop(runtime);
+}
+
+/// A lock dropped on a multi-thread runtime whose workers then all block (synchronous work
+/// in async code) is released anyway: its release does not wait for those workers.
+#[test]
+fn a_lock_dropped_before_its_runtimes_workers_all_block_is_released_at_once() {
+    let cluster = common::cluster(3);
+    let rl = common::client(&cluster);
+    let runtime = common::runtimes::multi_thread(1);
+    runtime.block_on(async {
+        let lock = rl.try_lock("k").ttl(Duration::from_secs(30)).await.unwrap();
+        while cluster.count_key("k") < 3 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let blocked = tokio::spawn(async move {
+            drop(lock);
+            // The only worker is busy for a while right after the drop.
+            std::thread::sleep(Duration::from_secs(6));
+        });
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let left = tokio::task::spawn_blocking({
+            let urls = cluster.urls();
+            move || {
+                let count = |urls: &[String]| {
+                    urls.iter()
+                        .filter(|url| {
+                            let client = redis::Client::open(url.as_str()).unwrap();
+                            let mut con = client.get_connection().unwrap();
+                            redis::cmd("EXISTS").arg("k").query::<bool>(&mut con).unwrap()
+                        })
+                        .count()
+                };
+                while count(&urls) > 0 && std::time::Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                count(&urls)
+            }
+        });
+        let left = left.await.unwrap();
+        blocked.await.unwrap();
+        assert_eq!(left, 0, "left on the nodes while the runtime's workers were blocked");
+    });
+}

@@ -1,8 +1,8 @@
 //! The plain lock: take it, see a second client refused, release it.
 //!
 //! ```text
-//! cargo run -p redlock --example basic            # embedded three-node cluster
-//! REDLOCK_NODES=redis://host1:6379,... cargo run -p redlock --example basic
+//! cargo run -p redlock-quorum --example basic            # embedded three-node cluster
+//! REDLOCK_NODES=redis://host1:6379,... cargo run -p redlock-quorum --example basic
 //! ```
 
 use std::time::Duration;

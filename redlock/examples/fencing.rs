@@ -2,7 +2,7 @@
 //! resource rejects a write that carries an older one.
 //!
 //! ```text
-//! cargo run -p redlock --example fencing
+//! cargo run -p redlock-quorum --example fencing
 //! ```
 
 use std::time::Duration;
@@ -15,16 +15,20 @@ use redlock_testkit::{Nodes, RedisNode};
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let nodes = Nodes::from_env_or_start(3)?;
     let rl = Redlock::builder().nodes(nodes.urls()).ttl(Duration::from_secs(5)).build()?;
-    // The protected resource: here a separate Redis that stores the value with its token.
+    // The protected resource: a Redis that is not one of the lock's masters (here a local
+    // one), reached through the redis-rs version the library re-exports, so that the
+    // connection is the one `fenced_set` takes.
     let storage = RedisNode::start()?;
-    let mut store = storage.client()?.get_multiplexed_async_connection().await?;
+    let mut store =
+        redlock::redis::Client::open(storage.url())?.get_multiplexed_async_connection().await?;
 
     let first = rl.lock("invoice:7").fenced().await?;
-    let stale = first.fencing_token().ok_or("no token")?;
+    // `Some` for a lock taken `.fenced()`: a forgotten `.fenced()` fails here, loudly.
+    let stale = first.fencing_token().expect("taken .fenced()");
     first.release().await?;
 
     let second = rl.lock("invoice:7").fenced().await?;
-    let current = second.fencing_token().ok_or("no token")?;
+    let current = second.fencing_token().expect("taken .fenced()");
     println!("tokens: first grant {stale}, second grant {current}");
 
     let written = fenced_set(&mut store, "invoice:7", b"paid", current).await?;

@@ -1,7 +1,7 @@
 //! The read-write lock: readers share, a writer waits for them and keeps new readers out.
 //!
 //! ```text
-//! cargo run -p redlock --example rwlock
+//! cargo run -p redlock-quorum --example rwlock
 //! ```
 
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! Work of unknown length under a lock that keeps itself alive, stopped if the lock is lost.
 //!
 //! ```text
-//! cargo run -p redlock --example with_lock
+//! cargo run -p redlock-quorum --example with_lock
 //! ```
 
 use std::time::Duration;

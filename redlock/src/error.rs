@@ -28,8 +28,10 @@ pub enum ErrorKind {
     /// The lock is no longer held: its validity is over, or the nodes no longer hold its
     /// token (it expired there, or another owner took it).
     NotHeld,
-    /// The key exists on a node with a data type other than a string: it is not a lock, and
-    /// the library refuses to touch it.
+    /// The key exists on a node with a data type other than the kind asked for uses (a
+    /// string for the plain, multi and counting locks, a hash for the reentrant and
+    /// read-write locks), or a hash with another kind's fields: it is not a lock of this
+    /// kind, and the library refuses to touch it.
     WrongType,
     /// The client was shut down ([`Redlock::shutdown`](crate::Redlock::shutdown)): it takes
     /// no new locks, or it could not clean every node in time.

@@ -85,10 +85,16 @@ pub(crate) fn has_hash_tag(key: &str) -> bool {
 /// ```no_run
 /// use redlock::fence::{fenced_set, FencedWrite};
 ///
-/// # async fn run(rl: redlock::Redlock, mut store: redis::aio::MultiplexedConnection) -> Result<(), Box<dyn std::error::Error>> {
+/// # async fn run(rl: redlock::Redlock) -> Result<(), Box<dyn std::error::Error>> {
+/// // The store: any async redis-rs connection, of the `redis` version this crate
+/// // re-exports (`redlock::redis`), to a Redis that is not one of the lock's masters.
+/// let mut store = redlock::redis::Client::open("redis://store.internal:6379")?
+///     .get_multiplexed_async_connection()
+///     .await?;
 /// let lock = rl.lock("invoice:7").fenced().await?;
-/// let token = lock.fencing_token().unwrap_or_default();
-/// match fenced_set(&mut store, "invoice:7:status", b"paid", token).await? {
+/// // Some for a lock taken `.fenced()`: a forgotten `.fenced()` fails here, not as token 0.
+/// let fence = lock.fencing_token().expect("taken .fenced()");
+/// match fenced_set(&mut store, "invoice:7:status", b"paid", fence).await? {
 ///     FencedWrite::Written => {}
 ///     FencedWrite::Rejected => eprintln!("lost the lock before writing; nothing written"),
 /// }

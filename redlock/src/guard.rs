@@ -201,14 +201,19 @@ macro_rules! guard {
             }
 
             #[doc = concat!("Keeps this ", $what, " on the nodes for `hold` from now, then lets go")]
-            /// of it without releasing it: nobody gets the lock until `hold` has passed
-            /// (the nodes' keys expire then), not even this client. The recipe for work that
-            /// must run once per schedule: take the lock (the default wait pulls machines
-            /// started together out of a split vote), do the work, and on
-            /// success keep the lock until the end of the schedule's window, so that a
-            /// machine that starts late (or retries, or waited) in the same window is
-            /// refused instead of running the work again; on failure, release it so that
-            /// another machine may try. (The `redlock` command's `run --once-per` does
+            /// of it without releasing it: what this hold keeps out stays out until `hold`
+            /// has passed (the nodes' keys expire then), even this client's own requests
+            /// (for a read share: writers; for the other kinds: everyone). The recipe for
+            /// work that must run once per schedule (shown below with the plain lock): take
+            /// the lock (the default wait pulls machines started together out of a split
+            /// vote), do the work, and on success keep the lock until the end of the
+            /// schedule's window, so that a machine that starts late (or retries, or waited)
+            /// in the same window is refused instead of running the work again; on failure,
+            /// release it so that another machine may try: one still waiting gets it (by
+            /// default a waiter waits up to one TTL of the lock), a later one takes it at
+            /// its own start. So the work runs at most once per window when it succeeds,
+            /// and is tried again within the window only by machines still waiting or
+            /// starting after the failure. (The `redlock` command's `run --once-per` does
             /// this; its manual says how it cuts time into windows.)
             ///
             /// It is one extension to `hold` (see `extend()`), and then the guard is gone

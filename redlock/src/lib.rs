@@ -235,6 +235,11 @@ mod timing;
 mod token;
 mod tombstone;
 
+/// The [`redis`](https://docs.rs/redis) crate this library is built on, re-exported so that
+/// a connection made with it (the store of [`fence::fenced_set`]) is of the version the
+/// library expects: `redlock::redis::Client::open(url)?.get_multiplexed_async_connection()`.
+pub use redis;
+
 pub use crate::builder::RedlockBuilder;
 pub use crate::client::{IntoRequest, Redlock};
 pub use crate::error::{Error, ErrorKind, NodeOutcome, NodeReport, Result};

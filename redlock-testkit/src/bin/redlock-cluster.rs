@@ -34,7 +34,7 @@ impl Args {
     /// `>password` among them.
     fn user(&self) -> Option<(&str, &str)> {
         let name = self.acl.first()?.first()?;
-        let password = self.acl.iter().flatten().filter_map(|w| w.strip_prefix('>')).last()?;
+        let password = self.acl.iter().flatten().filter_map(|w| w.strip_prefix('>')).next_back()?;
         Some((name, password))
     }
 }

@@ -139,7 +139,8 @@ async fn undo_again(
         return Some(first);
     }
     let reached = || node.may_have_reached(since);
-    resend_lost(first, reached, || tokio::time::timeout(timeout, node.send(command, timeout, by))).await
+    resend_lost(first, reached, || tokio::time::timeout(timeout, node.send(command, timeout, by)))
+        .await
 }
 
 /// [`undo_again`]'s pacing, with the node behind two seams: `reached` says whether what the

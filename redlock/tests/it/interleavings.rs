@@ -690,7 +690,8 @@ async fn fuzzed_readers_and_fenced_writers_keep_exclusion_and_token_order() {
                             _ = lease.lost() => {}
                         }
                         // Held until here only if the lease says so by the clock.
-                        let until = if lease.is_valid() { Instant::now() } else { lease.deadline() };
+                        let until =
+                            if lease.is_valid() { Instant::now() } else { lease.deadline() };
                         history.released(id, until);
                         let _ = auto.release().await;
                     } else {

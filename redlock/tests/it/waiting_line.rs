@@ -73,7 +73,7 @@ async fn subscribed(cluster: &Cluster, key: &str, nodes: usize) {
 }
 
 // ---------------------------------------------------------------------------------------
-// (a) A first waiter whose attempts fail for a reason of its own holds the next one back.
+// A first waiter whose attempts fail for a reason of its own holds the next one back.
 // ---------------------------------------------------------------------------------------
 
 /// The first waiter is fenced, and its fencing rounds fail (`Unavailable`, retryable): two
@@ -145,7 +145,7 @@ async fn a_first_waiter_whose_lease_is_too_short_stands_in_for_no_one() {
 }
 
 // ---------------------------------------------------------------------------------------
-// (a) "Alive" is judged with the second waiter's policy, not the first one's.
+// "Alive" is judged with the second waiter's policy, not the first one's.
 // ---------------------------------------------------------------------------------------
 
 /// The first waiter polls every 1.5 s (its own policy), the second every 10 ms. The
@@ -182,7 +182,7 @@ async fn a_lock_left_to_expire_is_taken_at_the_fast_waiters_tick_not_the_slow_fi
 }
 
 // ---------------------------------------------------------------------------------------
-// (a) A first waiter on a blocked runtime: the stall threshold scales with 8 node timeouts.
+// A first waiter on a blocked runtime: the stall threshold scales with 8 node timeouts.
 // ---------------------------------------------------------------------------------------
 
 /// The first waiter's runtime is blocked by application code (a synchronous sleep). It is
@@ -237,7 +237,7 @@ async fn a_first_waiter_on_a_blocked_runtime_holds_no_one_back() {
 }
 
 // ---------------------------------------------------------------------------------------
-// (b) Skipped ticks cost a pause, real attempts a pause and a round: max_attempts shrinks.
+// Skipped ticks cost a pause, real attempts a pause and a round: max_attempts shrinks.
 // ---------------------------------------------------------------------------------------
 
 /// Nodes 20 ms away each way: an attempt takes >= 40 ms. A waiter allowed 30 attempts
@@ -283,7 +283,7 @@ async fn skipped_ticks_are_paced_like_attempts_so_max_attempts_bounds_the_same_w
 }
 
 // ---------------------------------------------------------------------------------------
-// (a) Read-write: a reader in front of this client's writer is refused by the writer's
+// Read-write: a reader in front of this client's writer is refused by the writer's
 // own intent, which the writer, letting its ticks pass, stops renewing.
 // ---------------------------------------------------------------------------------------
 
@@ -428,7 +428,7 @@ async fn mixed_waiters_of_two_clients_never_hold_at_once_and_never_deadlock() {
     assert!(granted.load(Ordering::SeqCst) > 20, "too few grants: {granted:?}");
 }
 
-/// (b) Behind a live first waiter, `max_wait` still bounds the wait, and the error comes
+/// Behind a live first waiter, `max_wait` still bounds the wait, and the error comes
 /// from a real attempt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn behind_a_live_first_waiter_max_wait_bounds_the_wait_with_a_real_attempt() {
@@ -481,16 +481,14 @@ async fn writers_in_line_are_each_woken_by_the_previous_release() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Second review (61148fb).
+// `max_wait` with ticks skipped behind a waiter of the same client.
 // ---------------------------------------------------------------------------------------
 
-/// (b) A skipped tick is paced `pause + the first waiter's last attempt`, but only
-/// `waited + pause <= max_wait` is checked before it: the next tick, the "last real
-/// attempt", can start after max_wait. Attempts take ~500 ms (250 ms each way); the
-/// second waiter polls every 600 ms with max_wait 1.3 s. Baseline (198491b): it gives up
-/// by ~1.6 s (no attempt starts after 1.3 s). Now: tick at 0.6 s skipped (0.6 + 0.6 <=
-/// 1.3), next due 0.6 + 0.6 + 0.5 = 1.7 s, a real attempt starting 0.4 s past max_wait,
-/// error at ~2.2 s.
+/// A tick skipped behind the first waiter is paced by `pause` plus that waiter's attempt,
+/// and no attempt may start after `max_wait`. Attempts take ~500 ms (250 ms each way); the
+/// second waiter polls every 600 ms with max_wait 1.3 s: it gives up by ~1.8 s. Were the
+/// tick at 0.6 s skipped and the next one due at 0.6 + 0.6 + 0.5 = 1.7 s, its real
+/// attempt would start 0.4 s past max_wait and fail at ~2.2 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_skipped_tick_does_not_push_the_last_attempt_past_max_wait() {
     let (faulty, rl) = behind_proxies(Duration::from_secs(1), Retry::never()).await;
@@ -665,9 +663,8 @@ async fn readers_of_the_client_stay_out_after_its_stuck_write_is_force_released(
 /// multi-resource lock of `K` and `L` (`L` is held by client D), then a plain lock of `K`.
 /// C's hold of `K` is extended while they wait. The operator force-releases `K`. Its one
 /// notification wakes the first waiter, whose attempt fails (`L`); the plain waiter, which
-/// needs nothing but the now free `K`, sits out its ticks behind C's gone hold. At
-/// 7872702 the multi waiter could not stand in for it (it needs `L`), so it polled and got
-/// `K` at its next tick.
+/// needs nothing but the now free `K`, must not sit out its ticks behind C's gone hold:
+/// it gets `K` within a second of the force release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plain_waiter_behind_a_refused_multi_waiter_stays_out_after_a_force_release() {
     let cluster = common::cluster(3);
@@ -740,11 +737,11 @@ async fn a_waiter_of_the_client_finds_a_hold_lost_without_notice_at_its_next_tic
 /// `with_lock`: C's work runs with an auto-extended lock of `K` (3 s lease, extended every
 /// second: each extension sets `held` while a waiter of C watches) and does not watch its
 /// lease. Nodes 1 and 2 restart empty just after an extension; the next extension finds
-/// the lock gone and the lease reports it lost. From then on C's waiter tries again at its
-/// ticks (its `SET`s reach the nodes), where at 044036d it sat out its ticks until the
-/// hold's old validity ended. (It may get `K` at once: the loss releases the keys, the
-/// ones the failed extension set again on the nodes that had lost them included; a CI run
-/// of 305cc19 saw it do so before the test's first count of `SET`s.)
+/// the lock gone and the lease reports it lost. From then on C's waiter must try again at
+/// its ticks (its `SET`s reach the nodes) instead of sitting them out until the hold's old
+/// validity ends. (It may get `K` at once: the loss releases the keys, the ones the failed
+/// extension set again on the nodes that had lost them included, sometimes before the
+/// test's first count of `SET`s.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_known_lost_no_longer_keeps_the_clients_waiter_out() {
     let mut cluster = common::cluster(3);
@@ -877,7 +874,7 @@ async fn a_waiter_of_another_client_finds_the_lost_hold_at_its_next_tick() {
 
 /// The policy still bounds a waiter that sits out its ticks behind this client's hold:
 /// with `max_attempts` 4 and 100 ms pauses, the wait ends after three pauses with
-/// `NotAcquired` (its last tick a real attempt), as at 7872702.
+/// `NotAcquired` (its last tick a real attempt).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_attempts_still_bounds_a_wait_behind_the_clients_own_hold() {
     let cluster = common::cluster(3);
@@ -939,10 +936,10 @@ fn heal_after(faulty: &Arc<FaultyCluster>, node: usize, ms: u64) -> std::thread:
 /// eviction, an operator's DEL, a restart without persistence) and client B takes `k`
 /// there: B holds the lock on a majority. A releases; on nodes 1 and 2 its release is
 /// written but the proxy drops it and closes the connection (it never ran); A sends it
-/// again and the re-send finds B's key there. The re-send is read as "removed by the first
-/// send, taken by someone since": the release says `Ok` ("held until this call") although
-/// another owner held the lock on a majority before the release was even sent. At 7872702
-/// the same release said `NotHeld`.
+/// again and the re-send finds B's key there. It must not read that as "removed by the
+/// first send, taken by someone since": `Ok` ("held until this call") would be false,
+/// since another owner held the lock on a majority before the release was even sent. The
+/// release says `NotHeld`, and B's hold is untouched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resent_release_that_finds_another_owner_says_ok_for_a_hold_lost_before_it() {
     let (faulty, a, b) = two_clients_on_three_proxied_nodes().await;

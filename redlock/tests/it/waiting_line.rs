@@ -240,10 +240,11 @@ async fn a_first_waiter_on_a_blocked_runtime_holds_no_one_back() {
 // Skipped ticks cost a pause, real attempts a pause and a round: max_attempts shrinks.
 // ---------------------------------------------------------------------------------------
 
-/// Nodes 20 ms away each way: an attempt takes >= 40 ms. A waiter allowed 30 attempts
-/// with no pause used to wait >= 30 rounds (>= 1.2 s); behind a live first waiter its 29
-/// skipped ticks take no time, and it gives up after one real attempt. The lock is handed
-/// over after 400 ms: before the change the second waiter was still waiting and got it.
+/// Nodes 20 ms away each way: an attempt takes >= 40 ms, so a waiter allowed 30 attempts
+/// with no pause waits >= 30 rounds (>= 1.2 s) on its own. Behind a live first waiter its
+/// skipped ticks must be paced like attempts, not take no time (it would give up after one
+/// real attempt): the lock is handed over after 400 ms, and the second waiter, still
+/// waiting, gets it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn skipped_ticks_are_paced_like_attempts_so_max_attempts_bounds_the_same_wait() {
     let (faulty, rl) = behind_proxies(ms(300), every(ms(10), Duration::from_secs(5))).await;
@@ -290,10 +291,10 @@ async fn skipped_ticks_are_paced_like_attempts_so_max_attempts_bounds_the_same_w
 /// Client X holds a read share on nodes 0-2. Our writer's first attempt is refused there
 /// (its intent is recorded) and granted on 3-4, whose clean-up is held up 300 ms; our
 /// reader asks meanwhile, is refused by the writer's intent, and gets in line first. X
-/// releases: the key is free for the writer (an intent refuses readers, not writers),
-/// but the writer lets its ticks pass behind the reader, which stays refused until the
-/// writer's intent runs out, then takes a share for a second: the writer gets the lock
-/// only after it. Before the change the writer took it at its next tick.
+/// releases: the key is free for the writer (an intent refuses readers, not writers). The
+/// writer must not let its ticks pass behind the reader (which stays refused until the
+/// writer's intent runs out, then takes a share for a second): it keeps attempting, and
+/// renewing its intent, and gets the free lock within 500 ms.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_writer_behind_its_clients_reader_keeps_attempting_and_its_intent() {
     let (faulty, rl) = behind_proxies(ms(500), every(ms(10), Duration::from_secs(6))).await;
@@ -339,12 +340,12 @@ async fn a_writer_behind_its_clients_reader_keeps_attempting_and_its_intent() {
 }
 
 // ---------------------------------------------------------------------------------------
-// (d) A panic the change introduced in the in_line initial wait.
+// A huge pause in the wait behind this client's own waiter.
 // ---------------------------------------------------------------------------------------
 
-/// The initial wait behind this client's waiter used `tokio::time::sleep(pause)`; it now
-/// computes `Instant::now() + pause`, which panics for a huge pause (a single attempt
-/// with a `delay` meant as "never poll": `Retry::never().with_delay(Duration::MAX)`).
+/// The first wait behind this client's waiter computes its deadline from the pause, which
+/// must not overflow (and panic) for a huge pause: a single attempt with a `delay` meant
+/// as "never poll", `Retry::never().with_delay(Duration::MAX)`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_in_line_wait_with_a_huge_delay_does_not_panic() {
     let cluster = common::cluster(3);
@@ -367,7 +368,7 @@ async fn an_in_line_wait_with_a_huge_delay_does_not_panic() {
 // What holds.
 // ---------------------------------------------------------------------------------------
 
-/// (e) Mutual exclusion: two clients, plain locks and multi-resource locks sharing the
+/// Mutual exclusion: two clients, plain locks and multi-resource locks sharing the
 /// first key, waiters cancelled mid-wait at random: never two holders at once, and the
 /// registry and waiter mutexes never deadlock (everything finishes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -451,7 +452,7 @@ async fn behind_a_live_first_waiter_max_wait_bounds_the_wait_with_a_real_attempt
     first.await.unwrap().unwrap();
 }
 
-/// (c) A granted writer does not hand on a stale wake-up, and a new one still reaches
+/// A granted writer does not hand on a stale wake-up, and a new one still reaches
 /// the next writer: three writers of one client are each woken by the previous release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writers_in_line_are_each_woken_by_the_previous_release() {

@@ -6,6 +6,7 @@
 //! blocked, fencing tokens follow grant order, and `shutdown` keeps its deadline.
 
 use crate::common;
+use crate::common::pttl;
 use crate::common::runtimes::*;
 
 use std::future::Future;
@@ -15,8 +16,6 @@ use std::time::{Duration, Instant};
 use redlock::{AutoLock, ErrorKind, Guard, Lock, Redlock, Retry};
 use redlock_testkit::{Cluster, FaultyCluster};
 use tokio::runtime::Runtime;
-
-const NODE_TIMEOUT: Duration = Duration::from_millis(200);
 
 /// Only acquisitions carry the lease (10 s, from `common::builder_for`) as a bulk string
 /// of its own: releases never do, so a proxy holding this holds the acquisition alone.
@@ -43,10 +42,6 @@ async fn warm_runtime_over_proxies() -> (FaultyCluster, Redlock, Runtime) {
     let rl = common::builder_for(faulty.urls(), NODE_TIMEOUT).build().unwrap();
     let a = warm_runtime(&rl).await;
     (faulty, rl, a)
-}
-
-fn pttl(cluster: &Cluster, i: usize, key: &str) -> i64 {
-    cluster.node(i).pttl(key).unwrap()
 }
 
 /// Waits for the proxy's hold to be over (the acquisition has landed on node 2 by then),

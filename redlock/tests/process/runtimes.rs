@@ -3,6 +3,7 @@
 //! locks without any task panicking.
 
 use crate::common;
+use crate::common::runtimes::NODE_TIMEOUT;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -90,5 +91,3 @@ fn a_runtime_without_io_locks_without_any_task_panicking() {
         "tasks panicked (tokio: IO is disabled) while locking on a runtime without I/O"
     );
 }
-
-const NODE_TIMEOUT: Duration = Duration::from_millis(200);

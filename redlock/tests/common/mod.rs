@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use redlock::{Lock, Redlock, RedlockBuilder, Retry};
 use redlock_testkit::{Cluster, FaultyCluster, NetFault};
 
+pub mod acl;
 pub mod runtimes;
 
 /// `n` fresh nodes; panics with the testkit's message (how to install redis-server).
@@ -329,6 +330,24 @@ pub const MINIMAL_ACL: &[&str] = &[
     "~redlock:fence:app:*",
     "+info",
 ];
+
+/// Node `i`'s remaining time to live of `key`, in ms (-2: absent, -1: no expiry).
+pub fn pttl(cluster: &Cluster, i: usize, key: &str) -> i64 {
+    cluster.node(i).pttl(key).unwrap()
+}
+
+/// Five nodes behind proxies, a client with `node_timeout` (its connections open), and its
+/// lock on "k", set on all five, with the lock's token.
+pub async fn held_on_five(node_timeout: Duration) -> (FaultyCluster, Redlock, Lock, String) {
+    let faulty = FaultyCluster::start(5).unwrap();
+    let rl = builder_for(faulty.urls(), node_timeout).build().unwrap();
+    warm(&rl).await;
+    let lock = rl.try_lock("k").await.unwrap();
+    let token = lock.token().to_owned();
+    let everywhere = || faulty.cluster().nodes_holding("k", &token).len() == 5;
+    assert!(eventually(Duration::from_secs(1), everywhere).await);
+    (faulty, rl, lock, token)
+}
 
 /// The SHA1 the library sends its plain lock's acquisition script by (`EVALSHA`): what a
 /// proxy can pick acquisitions out by.

@@ -9,6 +9,10 @@ use redlock_testkit::{Cluster, FaultyCluster};
 use tokio::runtime::Runtime;
 use tokio::task::JoinHandle;
 
+/// The node timeout of the tests across runtimes: short, so that a request a proxy holds
+/// times out well inside the hold.
+pub const NODE_TIMEOUT: Duration = Duration::from_millis(200);
+
 /// A multi-thread runtime with `workers` workers.
 pub fn multi_thread(workers: usize) -> Runtime {
     tokio::runtime::Builder::new_multi_thread()

@@ -7,38 +7,13 @@
 //! `NOPERM`.
 
 use crate::common;
-use redlock::{ErrorKind, NodeOutcome, Redlock, RedlockBuilder, Retry};
+use crate::common::acl::{PASSWORD, cluster_as, rules};
+use redlock::{ErrorKind, NodeOutcome, Redlock, Retry};
 use redlock_testkit::Cluster;
 use std::time::Duration;
 
-const PASSWORD: &str = "acl-pass";
-
 /// The README's library lines (locking, waiting, fencing, quarantine) for the prefix `app:`.
 const MINIMAL: &[&str] = common::MINIMAL_ACL;
-
-/// `MINIMAL` with `drop` left out and `add` added.
-fn rules(drop: &[&str], add: &[&'static str]) -> Vec<&'static str> {
-    let mut rules: Vec<&str> =
-        MINIMAL.iter().copied().filter(|rule| !drop.contains(rule)).collect();
-    rules.extend_from_slice(add);
-    rules
-}
-
-/// Three nodes with the ACL user `name` and a builder connecting as it (prefix `app:`).
-fn cluster_as(name: &str, rules: &[&str]) -> (Cluster, RedlockBuilder) {
-    let cluster = common::cluster(3);
-    for node in cluster.nodes() {
-        node.acl_setuser(name, PASSWORD, rules).unwrap();
-    }
-    let urls: Vec<String> =
-        cluster.nodes().iter().map(|node| node.url_as(name, PASSWORD)).collect();
-    let builder = Redlock::builder()
-        .nodes(urls)
-        .key_prefix("app:")
-        .node_timeout(Duration::from_millis(500))
-        .retry(Retry::never());
-    (cluster, builder)
-}
 
 #[test]
 fn the_minimal_acl_is_the_readmes_library_lines() {

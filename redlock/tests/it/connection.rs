@@ -567,7 +567,7 @@ async fn a_dead_cached_connection_is_replaced_on_the_fast_path() {
             cluster.node_mut(i).restart().unwrap();
         }
         // NotHeld: the keys went with the restarts. (Ok only if a driver had not yet seen
-        // its node's EOF: the known limit of `review_lanes_third`.)
+        // its node's EOF when the release went out: a known limit.)
         let released = lock.release().await.map_err(|err| err.kind());
         assert!(
             matches!(released, Ok(()) | Err(redlock::ErrorKind::NotHeld)),

@@ -294,8 +294,8 @@ async fn mark_node_4_hung(faulty: &FaultyCluster, rl: &Redlock) -> redlock::Lock
 
 /// LIVENESS (holds, slowly). Node 4 is slow but always in time (80 ms each way, 300 ms node
 /// timeout), and answers every request; another owner's stale keys split the vote on
-/// nodes 2 and 3, so the lock needs node 4's yes. Before the change every attempt waited
-/// for node 4 and the first was granted (the control below shows it). Once node 4 is
+/// nodes 2 and 3, so the lock needs node 4's yes. Unmarked, an attempt waits for node 4
+/// and is granted (the control below shows it). Once node 4 is
 /// marked hung by one timed-out request (of another key), `lock()` with a fast retry
 /// policy is refused early; each early refusal queues a clean-up on node 4, the next
 /// attempt's request there waits behind it (that wait counts against the acquisition's

@@ -1,5 +1,6 @@
-//! Fencing tokens: strictly increasing across clients and node restarts, and a stale
-//! holder's write rejected by the fenced resource.
+//! Fencing tokens: strictly increasing across clients and node restarts, also for rounds
+//! decided before a slow node answered, and a stale holder's write rejected by the fenced
+//! resource.
 
 use crate::common;
 
@@ -206,4 +207,26 @@ async fn a_token_store_is_refused_as_a_value_key_and_left_alone() {
         assert_eq!(err.kind(), redis::ErrorKind::InvalidClientConfig, "{store}: {err}");
     }
     assert_eq!(node.get(&redlock::fence::token_key("a")).unwrap().as_deref(), Some("7"));
+}
+
+/// Rounds decided before every node answered: fenced acquisitions and `check_held` checks
+/// while node 4 answers 300 ms late each time, so its answers arrive after their rounds
+/// were decided. Tokens must grow strictly, every check must say held, and no two grants
+/// overlap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_rounds_and_checks_decided_without_a_slow_node_count_right() {
+    let (faulty, rl) = common::five_slowed_nodes(Duration::from_secs(1)).await;
+    faulty.proxy(4).set_fault(common::latency(150));
+    let mut last = 0;
+    for round in 0..4 {
+        let lock = rl.try_lock("fenced").fenced().await.unwrap();
+        let token = lock.fencing_token().unwrap();
+        assert!(token > last, "round {round}: token {token} after {last}");
+        last = token;
+        assert!(lock.check_held().await.unwrap(), "round {round}");
+        let err = rl.try_lock("fenced").await.unwrap_err();
+        assert_eq!(err.kind(), redlock::ErrorKind::NotAcquired, "round {round}: {err}");
+        lock.release().await.unwrap();
+    }
+    faulty.proxy(4).heal();
 }

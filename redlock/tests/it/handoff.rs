@@ -22,7 +22,7 @@ fn ms(n: u64) -> Duration {
 }
 
 /// Waits that poll every `poll` (no jitter) for up to 30 s: far too slow to explain a
-/// quick grant, which only a release notification (or an announce) can then explain.
+/// quick grant, which only a release notification can then explain.
 fn patient(urls: Vec<String>, node_timeout: Duration, poll: Duration) -> Redlock {
     common::builder_for(urls, node_timeout)
         .retry(
@@ -74,7 +74,7 @@ async fn blip(faulty: &FaultyCluster) {
 }
 
 // ---------------------------------------------------------------------------------------
-// (1) The release's first poll marks it out while it still waits for a new connection.
+// A release that must reconnect first.
 
 /// Releases `lock` on a current-thread runtime of its own thread that, right after the
 /// release's first poll, is busy for `stall` (another task of that runtime computing, or a
@@ -95,16 +95,11 @@ fn release_on_a_busy_runtime(
 }
 
 /// The client's connections broke while a task held the lock (a network blip; a server
-/// `timeout` closing idle connections does the same). The release's first poll finds the
-/// connection gone and waits for a new one: its slot is marked out although nothing is
-/// queued. The waiter, woken at once by the announce, joins the same connect; its runtime
-/// is free and the releaser's is busy for 100 ms, so its `SET NX` goes out first on every
-/// node and is refused by the releaser's own key. The release then runs, and its
-/// publications (within the node timeout) are swallowed as "announced": the waiter sleeps
-/// until its 5 s poll while the lock is free.
-///
-/// Fails at 3e45104 and a0a6a1e (granted after ~4.7 s); passes at the parent, where the
-/// waiter was woken by the publications, after the release had run.
+/// `timeout` closing idle connections does the same), so the release must wait for a new
+/// connection. The releaser's runtime is then busy for 100 ms while the waiter's is free:
+/// a waiter that tried at once would send its `SET NX` first on every node and be refused
+/// by the releaser's own key. The waiter must still be granted well before its 5 s poll,
+/// woken by the release's publications once the release has run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_that_must_reconnect_does_not_cost_the_woken_waiter_its_turn() {
     let faulty = FaultyCluster::start(3).unwrap();
@@ -127,13 +122,11 @@ async fn a_release_that_must_reconnect_does_not_cost_the_woken_waiter_its_turn()
 }
 
 // ---------------------------------------------------------------------------------------
-// (2) An announced release that frees nothing swallows another client's release.
+// A release that frees nothing.
 
 /// The holder's lease ran out (a slow task) and another client took the lock. The late
-/// release frees nothing on any node, but still announces: the waiter wakes, fails, and
-/// the other client's release, coming within the node timeout (1 s here), is taken for the
-/// announced one and wakes no one. The waiter finds the free lock only at its 5 s poll.
-/// Fails at 3e45104 (~4.5 s), passes at the parent.
+/// release frees nothing on any node; the other client's release, coming within the node
+/// timeout (1 s here), must still wake the waiter, well before its 5 s poll.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_release_that_frees_nothing_does_not_swallow_the_next_release() {
     let cluster = common::cluster(3);
@@ -153,7 +146,7 @@ async fn a_late_release_that_frees_nothing_does_not_swallow_the_next_release() {
 }
 
 // ---------------------------------------------------------------------------------------
-// (3) A cancelled acquisition attempt is released from `Drop`, and announces.
+// A cancelled acquisition attempt, released from `Drop`.
 
 /// Five nodes 20 ms away (each way), client `a` (waits poll every 5 s, 1 s node timeout)
 /// and client `b`, both through the proxies, connections open.
@@ -169,11 +162,10 @@ async fn far_nodes() -> (FaultyCluster, Redlock, Redlock) {
     (faulty, a, b)
 }
 
-/// Another task of `a` gives up a `try_lock` mid-round (a timeout around it). The attempt's
-/// claim is dropped armed and released from `Drop`, which announces as if a hold of the
-/// lock had been released: the waiter wakes and fails against `b`'s hold, and `b`'s real
-/// release, within the node timeout, wakes no one. The waiter finds the free lock only at
-/// its 5 s poll. Fails at 3e45104 (~4.8 s), passes at the parent.
+/// Another task of `a` gives up a `try_lock` mid-round (a timeout around it) while `b`
+/// holds the lock. The attempt's claim is dropped armed and released from `Drop`, which
+/// frees no hold; `b`'s real release, within the node timeout, must still wake `a`'s
+/// waiter, well before its 5 s poll.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_attempt_does_not_swallow_the_next_release() {
     let (faulty, a, b) = far_nodes().await;
@@ -189,10 +181,9 @@ async fn a_cancelled_attempt_does_not_swallow_the_next_release() {
     assert!(gap < Duration::from_secs(1), "the free lock reached the waiter after {gap:?}");
 }
 
-/// Ten `try_lock`s of `a` given up mid-round while `b` holds the lock: each one's release
-/// from `Drop` wakes `a`'s waiter, which makes an attempt that can only fail. Without the
-/// announce the waiter sleeps until its 5 s poll: ten SETs on a node, one per `try_lock`.
-/// Fails at 3e45104 (20 SETs), passes at the parent (10).
+/// Ten `try_lock`s of `a` given up mid-round while `b` holds the lock: their releases from
+/// `Drop` free no hold, so they must not wake `a`'s waiter into attempts that can only
+/// fail: ten SETs on a node, one per `try_lock`, not twenty.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_attempts_do_not_wake_the_waiter() {
     let (faulty, a, b) = far_nodes().await;
@@ -211,11 +202,11 @@ async fn cancelled_attempts_do_not_wake_the_waiter() {
     assert!(sets <= 12, "{sets} SETs for 10 cancelled try_locks: the waiter was woken by them");
 }
 
-/// The first test without a busy runtime: after each blip, the release (on the test's
-/// own runtime) and the waiter's SET, woken by the announce, race for the new connection
-/// on each node. Any node where the SET wins refuses it (the releaser's key); where a
-/// majority does, the waiter sleeps until its 2 s poll. At 3e45104 and a0a6a1e a round
-/// stalled (~1.7 s) in 6 of 8 runs; never at the parent.
+/// [`a_release_that_must_reconnect_does_not_cost_the_woken_waiter_its_turn`] without a
+/// busy runtime, eight times: after each blip, the release (on the test's own runtime) and
+/// the waiter race for the new connection on each node. A waiter whose SET won on a
+/// majority would be refused (the releaser's key) and sleep until its 2 s poll; every
+/// handoff must come well before it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handoffs_right_after_a_blip_do_not_wait_for_the_poll() {
     let faulty = FaultyCluster::start(5).unwrap();
@@ -239,7 +230,7 @@ async fn handoffs_right_after_a_blip_do_not_wait_for_the_poll() {
 }
 
 // ---------------------------------------------------------------------------------------
-// (4) Failed attempts per handoff, tasks of one client taking turns.
+// Failed attempts per handoff, tasks of one client taking turns.
 
 /// `tasks` tasks of one client take turns on one key for `run`, each holding it for
 /// `hold`; returns the grants and the SETs node 0 ran meanwhile.
@@ -279,7 +270,7 @@ async fn taking_turns(
 
 /// Four tasks of one client take turns (no hold, then 2 ms), waits polling every 100 ms:
 /// every grant past the first comes from a handoff; each failed attempt is a SET on node 0
-/// beyond one per grant. Passes at 3e45104 and the parent (0.00-0.01 failed per grant).
+/// beyond one per grant (0.00-0.01 failed per grant are usual).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tasks_taking_turns_fail_few_attempts_per_handoff() {
     let cluster = common::cluster(5);
@@ -297,7 +288,7 @@ async fn tasks_taking_turns_fail_few_attempts_per_handoff() {
 }
 
 // ---------------------------------------------------------------------------------------
-// (5) Exclusion under faults, with same-client handoffs of every kind.
+// Exclusion under faults, with same-client handoffs of every kind.
 
 struct Rng(u64);
 
@@ -315,13 +306,12 @@ impl Rng {
 const RESOURCES: [&str; 4] = ["p", "q", "rw", "re"];
 
 /// Two clients of four tasks each, every client behind its own fuzzed proxies (delays,
-/// replies swallowed after the command ran, requests reset: re-sent undos, reconnects
-/// racing the acquisitions now sent behind this client's undos once they went out). Each
-/// task waits for a lock of a random kind, holds it for a moment, then releases it, drops
-/// it (a release from `Drop`, announced too), or has given up its wait mid-attempt (a
-/// timeout around it). No two exclusive windows overlap, fencing tokens grow with grants,
-/// and once every task is done no lock key is left on any node. Passes at 3e45104, the
-/// parent and a0a6a1e (seeds 1-3 and random ones).
+/// replies swallowed after the command ran, requests reset: re-sent undos, and reconnects
+/// racing the acquisitions of the same client's next holder). Each task waits for a lock
+/// of a random kind, holds it for a moment, then releases it, drops it (a release from
+/// `Drop`), or has given up its wait mid-attempt (a timeout around it). No two exclusive
+/// windows overlap, fencing tokens grow with grants, and once every task is done no lock
+/// key is left on any node (the fuzz seed is printed; the environment can fix it to replay).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_client_handoffs_of_every_kind_keep_exclusion_under_faults() {
     use redlock_testkit::{Fuzz, Grant, History, NodeConfig};
@@ -497,8 +487,7 @@ async fn same_client_handoffs_of_every_kind_keep_exclusion_under_faults() {
 }
 
 // ---------------------------------------------------------------------------------------
-// (6) A guard dropped as its runtime ends: the release is handed over, the slots it leaves
-// behind count as out.
+// A guard dropped as its runtime ends: its release is handed over to the client's thread.
 
 /// A guard of an exclusive kind ("plain", "multi": `key` and "other", "write"), as
 /// something to drop.
@@ -526,13 +515,10 @@ fn drop_on_a_runtime_that_ends(guard: Dropped, busy: Duration) -> std::thread::J
 }
 
 /// A guard dropped at the end of a short-lived runtime (plain, multi-resource, write): its
-/// release from `Drop` is spawned there, announced (the waiter wakes, its SETs wait for the
-/// release to go out), and dropped unsent when the runtime ends. The unsent requests
-/// settle, which also marks them out: the waiter's SETs go out at once, ahead of the
-/// release handed over to the client's own thread, and are refused by the dropped guard's
-/// key. The handed-over release's publications are swallowed as announced: the waiter
-/// sleeps until its 3 s poll while the lock is free. Fails at 3e45104 (plain, write and
-/// in some runs multi: the race is per node), passes at the parent.
+/// release from `Drop` is spawned there and left unsent when the runtime ends, then handed
+/// over to the client's own thread. A waiter that tried before that release went out
+/// would be refused by the dropped guard's key (the race is per node); the handed-over
+/// release's publications must still wake it, well before its 3 s poll.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_guard_dropped_as_its_runtime_ends_still_hands_over_at_once() {
     let cluster = common::cluster(3);
@@ -569,14 +555,13 @@ async fn a_guard_dropped_as_its_runtime_ends_still_hands_over_at_once() {
 }
 
 // ---------------------------------------------------------------------------------------
-// (7) Releases of holds that do not exclude (read shares, reentrant holds) announce nothing.
+// Releases of holds that leave the lock held (read shares, reentrant holds) wake no one.
 
 /// Client `a`'s writer waits behind two read shares, `a`'s and `b`'s. `a`'s share goes
 /// first (the lock stays held: no publication); `b`'s, 100 ms later, frees the lock and
-/// must wake the writer. Were the read release announced, `b`'s release would be taken for
-/// it and wake no one. Passes at 3e45104 and the parent.
+/// must wake the writer, although `a`'s own release came just before it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_read_release_announces_nothing() {
+async fn a_read_release_that_leaves_the_lock_held_wakes_no_one() {
     let cluster = common::cluster(3);
     let a = patient(cluster.urls(), Duration::from_secs(1), Duration::from_secs(5));
     let b = common::client(&cluster);
@@ -598,9 +583,9 @@ async fn a_read_release_announces_nothing() {
 
 /// The same with reentrant holds: owner "one" holds twice; its first release leaves the
 /// lock held (no publication), its second frees it and must wake `a`'s waiter for owner
-/// "two". Passes at 3e45104 and the parent.
+/// "two".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reentrant_release_announces_nothing() {
+async fn a_reentrant_release_that_leaves_the_lock_held_wakes_no_one() {
     let cluster = common::cluster(3);
     let a = patient(cluster.urls(), Duration::from_secs(1), Duration::from_secs(5));
     let first = a.reentrant("owned", "one").await.unwrap();
@@ -645,14 +630,12 @@ async fn gap_to_grant(
 }
 
 // ---------------------------------------------------------------------------------------
-// (8) A handoff while the releaser's acquisition is still in flight on a node.
+// A handoff while the releaser's acquisition is still in flight on a node.
 
 /// Node 4's proxy holds every request on the key for 300 ms: the lock is granted by nodes
-/// 0-3 while its SET on node 4 is on its way, and its release on node 4 waits behind that
-/// SET. The waiter is granted by nodes 0-3; on node 4 its SET goes out behind the release
-/// (at 3e45104 once the release went out, now once it was answered), so node 4 runs the
-/// holder's SET, the release, then the waiter's SET: the waiter ends up on every node, the
-/// holder on none. Passes at 3e45104 and the parent.
+/// 0-3 while its SET on node 4 is on its way; the release follows it there. The waiter is
+/// granted by nodes 0-3; once the held requests have run, the waiter must end up on every
+/// node, the holder on none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handoff_behind_the_releasers_acquisition_in_flight_ends_on_every_node() {
     let faulty = FaultyCluster::start(5).unwrap();
@@ -701,7 +684,7 @@ async fn a_handoff_behind_the_releasers_acquisition_in_flight_ends_on_every_node
 }
 
 // ---------------------------------------------------------------------------------------
-// (9) A release re-sent after its reply was lost meets the woken waiter's key.
+// A release re-sent after its reply was lost.
 
 /// Swallows every reply of the proxy (and closes its connection): a command that went
 /// out runs, but its caller sees its connection drop.
@@ -751,13 +734,10 @@ async fn release_behind_lost_replies(
 }
 
 /// Every node runs the release but its reply is lost with the connection (the proxies
-/// swallow replies for 40 ms): the release is sent again. The waiter, woken by the
-/// announce, had its SET queued right behind the release on the same connections: it ran
-/// too, so the re-sent release finds the waiter's key, answers "held by another owner",
-/// and `release()` reports `NotHeld` ("the hold is gone from too many nodes") for a hold
-/// that was valid and released. Before 3e45104 the waiter's SET waited for the release's
-/// last try, which found the key absent (re-sent: done). Fails at 3e45104 and a0a6a1e
-/// in every run (within five rounds), passes at the parent.
+/// swallow replies for 40 ms): the release is sent again. A waiter of the same client
+/// woken meanwhile may have taken the key by then, so the re-sent release can find the
+/// waiter's key ("held by another owner"); `release()` must still say `Ok` for a hold
+/// that was valid and released, in every one of five rounds.
 ///
 /// One false alarm is a known limit, not this bug: a caller's thread preempted between
 /// queueing the release and polling for its reply (one poll) while the driver's thread
@@ -792,10 +772,9 @@ async fn a_release_re_sent_after_a_lost_reply_still_says_ok() {
 /// `a`'s swallow replies): `b` is woken by the release's publications and takes the lock
 /// before `a`'s release is re-sent, which then finds `b`'s key. A re-send cannot tell a key
 /// its first send removed from one lost before the release: counting "held by another
-/// owner" as removed (tried in 044036d) made a release say `Ok` for a hold another owner
-/// had taken from a majority before it (`review_no_poll::a_resent_release_that_finds_
-/// another_owner_says_ok_for_a_hold_lost_before_it`). So this release says `NotHeld`, a
-/// false alarm on the safe side (a known limit), and `b`'s hold is never touched.
+/// owner" as removed would make a release say `Ok` for a hold another owner had taken
+/// from a majority before it. So this release says `NotHeld`, a false alarm on the safe
+/// side (a known limit), and `b`'s hold is never touched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_re_sent_after_a_lost_reply_leaves_another_clients_hold_alone() {
     use redlock_testkit::NodeConfig;
@@ -829,15 +808,14 @@ async fn a_release_re_sent_after_a_lost_reply_leaves_another_clients_hold_alone(
 }
 
 // ---------------------------------------------------------------------------------------
-// (10) Another client's waiter while two tasks of one client take turns.
+// Another client's waiter while two tasks of one client take turns.
 
 /// Two tasks of client `a` take turns on a key (5 ms holds); client `b` asks for it eight
 /// times meanwhile, each wait polling every 20 ms (woken by releases too) for at most
-/// 200 ms. At 3e45104 each of `a`'s releases carried the next `a` task's SET right behind
-/// it on every node's connection, so the node ran them back to back and the lock was
-/// never free for `b`, whose SET (woken by the publication, or by its poll) always came
-/// after: 2 to 7 of 8 waits given up, in every run. Before and after it, `b` gets the lock
-/// within a few milliseconds.
+/// 200 ms. Were each of `a`'s releases followed on every node by the next `a` task's SET
+/// back to back, the lock would never be free for `b`, whose SET (woken by the
+/// publication, or by its poll) would always come after. Every one of `b`'s waits must be
+/// granted, usually within a few milliseconds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_clients_waiter_is_not_starved_by_one_clients_turns() {
     let cluster = common::cluster(3);

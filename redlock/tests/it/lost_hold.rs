@@ -10,23 +10,11 @@
 //! renewed can stay for its whole lease; a plain `release()` has the same bound.
 
 use crate::common;
-use redlock::{ErrorKind, Lock, Redlock, Retry};
+use crate::common::{held_on_five, pttl};
+use redlock::{ErrorKind, Redlock, Retry};
 use redlock_testkit::Fault;
 use redlock_testkit::{Cluster, FaultyCluster, NetFault};
 use std::time::{Duration, Instant};
-
-/// Five nodes behind proxies, a client with `node_timeout` (its connections open), and its
-/// lock on "k", set on all five, with the lock's token.
-async fn held_on_five(node_timeout: Duration) -> (FaultyCluster, Redlock, Lock, String) {
-    let faulty = FaultyCluster::start(5).unwrap();
-    let rl = common::builder_for(faulty.urls(), node_timeout).build().unwrap();
-    common::warm(&rl).await;
-    let lock = rl.try_lock("k").await.unwrap();
-    let token = lock.token().to_owned();
-    let everywhere = || faulty.cluster().nodes_holding("k", &token).len() == 5;
-    assert!(common::eventually(Duration::from_secs(1), everywhere).await);
-    (faulty, rl, lock, token)
-}
 
 /// Another owner has "k" on nodes 0-2 and node 3 lost ours: an extension finds the hold
 /// gone, and sets ours again on node 3.
@@ -70,10 +58,6 @@ fn every_50ms() -> Retry {
         .with_unbounded_attempts()
         .with_delay(Duration::from_millis(50))
         .with_max_wait(Duration::from_secs(3))
-}
-
-fn pttl(cluster: &Cluster, i: usize, key: &str) -> i64 {
-    cluster.node(i).pttl(key).unwrap()
 }
 
 /// 5 nodes: another owner has the key on 0-2, node 3 lost ours (the extension re-sets it

@@ -31,7 +31,7 @@ async fn sleep_ms(ms: u64) {
 /// Node 2's process is killed but its proxy still listens, accepting each connection and
 /// closing it (what HAProxy, Envoy, twemproxy or a cloud LB do when the backend is gone):
 /// the client never sees `ECONNREFUSED`. The release gives up after its quick re-sends,
-/// and a shutdown reports it at once instead of waiting out its `within` (f7c3e9c did).
+/// and a shutdown reports it at once instead of waiting out its `within`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_node_behind_a_proxy_does_not_hold_up_shutdown() {
     let mut faulty = FaultyCluster::start(3).unwrap();
@@ -264,12 +264,9 @@ fn drop_replies() -> NetFault {
 /// reset every connection. A check finds the client's connections there broken and drops
 /// them; the release then cannot even open a connection to either node (nothing was sent),
 /// until the proxies heal 30 ms in, and its later try finds the key absent. Two of three
-/// nodes no longer had the hold before the release: the release must not say `Ok`.
-///
-/// Found at e1f40a7: `release()` returned `Ok(())`, with nodes 1 and 2 reported `ok`, the
-/// absent taken for "removed by an earlier send of this request" although every earlier
-/// send failed before a connection existed. Now a reply counts as re-sent only when an
-/// earlier send was written on a connection that then broke (`Reply::written`).
+/// nodes no longer had the hold before the release: the release must not say `Ok`. The
+/// later try's "absent" cannot mean "removed by an earlier send of this request", since
+/// every earlier send failed before a connection existed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_whose_sends_never_left_the_client_does_not_hide_a_lost_hold() {
     let faulty = Arc::new(FaultyCluster::start(3).unwrap());

@@ -6,6 +6,7 @@
 //! blocked, fencing tokens follow grant order, and `shutdown` keeps its deadline.
 
 use crate::common;
+use crate::common::pttl;
 use crate::common::runtimes::*;
 
 use std::future::Future;
@@ -15,8 +16,6 @@ use std::time::{Duration, Instant};
 use redlock::{AutoLock, ErrorKind, Guard, Lock, Redlock, Retry};
 use redlock_testkit::{Cluster, FaultyCluster};
 use tokio::runtime::Runtime;
-
-const NODE_TIMEOUT: Duration = Duration::from_millis(200);
 
 /// Only acquisitions carry the lease (10 s, from `common::builder_for`) as a bulk string
 /// of its own: releases never do, so a proxy holding this holds the acquisition alone.
@@ -45,10 +44,6 @@ async fn warm_runtime_over_proxies() -> (FaultyCluster, Redlock, Runtime) {
     (faulty, rl, a)
 }
 
-fn pttl(cluster: &Cluster, i: usize, key: &str) -> i64 {
-    cluster.node(i).pttl(key).unwrap()
-}
-
 /// Waits for the proxy's hold to be over (the acquisition has landed on node 2 by then),
 /// then asserts that `key` is gone from node 2.
 async fn assert_gone_from_node_2_after_the_hold(cluster: &Cluster, key: &str, what: &str) {
@@ -64,20 +59,14 @@ async fn assert_gone_from_node_2_after_the_hold(cluster: &Cluster, key: &str, wh
     );
 }
 
-// FAILED on a8ad4bb (every run; passes on main); fixed since (see the module doc).
-//
-// A lock taken on a multi-thread runtime that then ends, released from another runtime:
-// `release()` says Ok, and node 2 keeps the token for its whole lease.
-// 1. Runtime A (multi-thread, lane A warm). Node 2's proxy holds acquisitions for 1.5 s.
-// 2. On A: try_lock("k"): nodes 0 and 1 grant, node 2's SET is written on lane A's
-//    connection and sits in the proxy. A ends: its driver task goes, the socket is closed
-//    by the client, and the SET is still in flight (the proxy, like TCP, delivers it).
-// 3. On the test's runtime: release(). Lane A's cached connection is dead: the release
-//    is re-sent on a new connection (driven on the own thread), which nothing orders with
-//    the old one; node 2 answers "absent" at once (marked re-sent, so counted as removed).
-//    Nothing is sent again: only timed-out undos are.
-// 4. The proxy delivers the SET: node 2 holds the released lock's token for ~8.5 s.
-// On main the release goes out on the same (own thread's) connection, behind the SET.
+// A lock taken on a multi-thread runtime that then ends, released from another runtime,
+// leaves no token on node 2, whose acquisition was still in flight:
+// 1. Runtime A's connections are warm; node 2's proxy holds acquisitions for 1.5 s.
+// 2. On A: try_lock("k"): nodes 0 and 1 grant, node 2's SET sits in the proxy. A ends and
+//    its connections close with the SET still in flight (the proxy, like TCP, delivers it).
+// 3. On the test's runtime: release(). Node 2 has not seen the SET yet, so the release
+//    reaches it first, on another connection.
+// 4. The proxy delivers the SET: it must not create the released token's key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_released_after_its_runtime_ended_leaves_no_token_behind_a_held_acquisition() {
     ended_before_its_release(true).await;
@@ -100,19 +89,15 @@ async fn ended_before_its_release(release: bool) {
     assert_gone_from_node_2_after_the_hold(cluster, "k", &what).await;
 }
 
-// FAILED on a8ad4bb (every run; passes on main); fixed since (see the module doc).
-//
-// The same with a dropped guard (no release() call): the drop's release goes out from the
-// own thread on lane A's dead connection, is re-sent on a new one, and finds nothing.
+// The same with a dropped guard (no release() call): the drop's release reaches node 2
+// before the held SET does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_dropped_after_its_runtime_ended_leaves_no_token_behind_a_held_acquisition() {
     ended_before_its_release(false).await;
 }
 
-// FAILED on a8ad4bb (every run; passes on main); fixed since (see the module doc).
-//
-// The reentrant kind, same interleaving: its hold (a hash field of its own) lands on node
-// 2 after its release and stays for its lease (the other owners are refused there).
+// The reentrant kind, same interleaving: its hold (a hash field of its own) must not land
+// on node 2 after its release, where it would refuse the other owners for its lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reentrant_hold_released_after_its_runtime_ended_leaves_no_field_behind() {
     let (faulty, rl, a) = warm_runtime_over_proxies().await;
@@ -126,16 +111,13 @@ async fn a_reentrant_hold_released_after_its_runtime_ended_leaves_no_field_behin
     assert_gone_from_node_2_after_the_hold(cluster, "r", &what).await;
 }
 
-// FAILED on a8ad4bb (every run; passes on main); fixed since (see the module doc).
-//
 // A refused attempt's clean-up, from a multi-thread runtime that ends right after the
-// refusal (the multi-thread twin of review_runtime_driver's first test):
+// refusal:
 // 1. "k" is held by a foreign owner on nodes 0 and 1; node 2's proxy holds acquisitions.
-// 2. On A: try_lock("k") is refused (NotAcquired); node 2's clean-up waits behind its SET
-//    (in flight, held) in a task on A. A ends: the task is handed over to the own thread,
-//    which sends the clean-up on lane A: dead connection, re-sent on a new one, answered
-//    "absent" (node 2 has not seen the SET yet).
-// 3. The SET lands: the refused attempt's token stays on node 2 for its whole lease.
+// 2. On A: try_lock("k") is refused (NotAcquired) while node 2's SET is still held. A
+//    ends: its connections close, and the clean-up for node 2 reaches it on another
+//    connection before the SET (it finds nothing there).
+// 3. The SET lands: it must not leave the refused attempt's token for its lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_attempt_from_a_multi_thread_runtime_that_ended_leaves_no_token() {
     let (faulty, rl, a) = warm_runtime_over_proxies().await;
@@ -148,16 +130,13 @@ async fn a_refused_attempt_from_a_multi_thread_runtime_that_ended_leaves_no_toke
     assert_gone_from_node_2_after_the_hold(faulty.cluster(), "k", "refused attempt").await;
 }
 
-// FAILED on a8ad4bb (every run; passes on main); fixed since (see the module doc).
-//
-// Lane eviction, with every runtime alive: the evicted connection is not dead, it carries
-// the SET in flight until its request lets go; the release goes out on a new one.
+// A runtime's connection given up for newer runtimes, with every runtime alive: the old
+// connection still carries the SET in flight; the release goes out on a new one.
 // 1. The test's runtime T takes "k"; node 2's SET is held by its proxy (1.5 s).
-// 2. Four more multi-thread runtimes lock and release other keys: node 2 keeps 4 lanes,
-//    T's (the oldest) is evicted; the started-connections counter moves.
-// 3. T releases "k": lane T has no connection, a new one is opened, node 2 answers
-//    "absent" at once; nothing sends it again (it did not time out). release() is Ok.
-// 4. The SET lands: node 2 keeps the token for its lease.
+// 2. Four more multi-thread runtimes lock and release other keys, so that node 2 gives
+//    T's connection up (the started-connections counter moves).
+// 3. T releases "k" on a new connection: node 2 has not seen the SET yet.
+// 4. The SET lands: it must not leave the released token on node 2.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_whose_lane_was_evicted_leaves_no_token_behind_a_held_acquisition() {
     let faulty = FaultyCluster::start(3).unwrap();
@@ -175,15 +154,13 @@ async fn a_lock_whose_lane_was_evicted_leaves_no_token_behind_a_held_acquisition
     on_thread(move || drop(runtimes)).await;
 }
 
-// FAILED on a8ad4bb (every run; passes on main); fixed since (see the module doc).
-//
 // `release()` must say Ok only when the lock was held until the call. After its runtime
-// ended, a lock's release goes out on a dead cached connection first (the send fails
-// before anything is written), is re-sent, and every "absent" is then read as "the first
-// send removed it": a lock that was taken from us meanwhile is reported held.
+// ended, a lock's release finds its cached connection dead (the send fails before anything
+// is written) and is sent again: its "absent" must not be read as "the first send removed
+// it", or a lock taken from us meanwhile is reported held.
 // 1. Runtime A takes "k" and ends.
 // 2. An operator force-releases "k"; another client takes it, works, and releases it.
-// 3. The first holder's release(): Ok on lanes (NotHeld on main), so both clients believe
+// 3. The first holder's release() must say NotHeld: with Ok, both clients would believe
 //    they held "k" over the same interval.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_after_its_runtime_ended_reports_a_lock_taken_meanwhile_as_not_held() {
@@ -207,8 +184,8 @@ async fn a_release_after_its_runtime_ended_reports_a_lock_taken_meanwhile_as_not
     );
 }
 
-// Control (passes on lanes and main): the interleaving above with runtime A still alive:
-// the release goes out on A's live connection, finds nothing, and says NotHeld.
+// The interleaving above with runtime A still alive: the release goes out on A's live
+// connection, finds nothing, and says NotHeld.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_while_its_runtime_lives_reports_a_lock_taken_meanwhile_as_not_held() {
     let cluster = common::cluster(3);
@@ -220,13 +197,10 @@ async fn a_release_while_its_runtime_lives_reports_a_lock_taken_meanwhile_as_not
     assert_eq!(released.map_err(|err| err.kind()), Err(ErrorKind::NotHeld));
 }
 
-// FAILED on a8ad4bb (every run; passes on main); fixed since (see the module doc).
-//
-// A lock taken on runtime A whose workers are then all busy (synchronous work) cannot be
-// released from another runtime, with every node healthy: the release goes on lane A's
-// connection, whose driver only A's workers poll. Every node times out, release() fails,
-// and the keys stay until A's workers are free again (for the whole lease if A ends
-// meanwhile, or never gets to them).
+// A lock taken on runtime A whose workers are then all busy (synchronous work) is released
+// from another runtime, with every node healthy: the release must not depend on A's
+// workers (were it sent on a connection only they drive, every node would time out and
+// the keys would stay until A runs again, or for the whole lease if it never does).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_taken_on_a_runtime_whose_workers_are_blocked_is_released_from_another() {
     let cluster = common::cluster(3);
@@ -257,8 +231,8 @@ async fn a_lock_taken_on_a_runtime_whose_workers_are_blocked_is_released_from_an
 }
 
 /// A hold of any kind taken on runtime `a` (kept alive) while node 2's proxy holds its
-/// acquisition, released from the test's runtime: the release goes on lane A, behind the
-/// held acquisition, and the keys are gone once the hold is over.
+/// acquisition, released from the test's runtime before that acquisition lands: the keys
+/// must be gone once the hold is over.
 async fn released_from_another_runtime<G, F, Fut>(keys: &[&str], acquire: F)
 where
     G: Guard + Send + 'static,
@@ -283,8 +257,8 @@ where
     on_thread(move || drop(a)).await;
 }
 
-// Control (passes on lanes and main): while the acquiring runtime lives, a release sent
-// from another runtime keeps its place behind the acquisition, for every kind.
+// While the acquiring runtime lives, a release sent from another runtime before the
+// acquisition landed leaves no key behind it, for every kind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plain_lock_released_from_another_runtime_stays_behind_its_acquisition() {
     released_from_another_runtime(&["k"], |rl| async move { rl.try_lock("k").await.unwrap() })
@@ -312,10 +286,9 @@ async fn a_multi_lock_released_from_another_runtime_stays_behind_its_acquisition
     .await;
 }
 
-// Control (passes on lanes and main): the runtime-ended interleaving with a hung node
-// instead of a held connection: the release on the new connection times out, the
-// counter moved, and the background sends it again until the SET, run when the node
-// wakes up, is gone.
+// The runtime-ended interleaving with a hung node instead of a held connection: the
+// release on a new connection times out, and the background sends it again, so that
+// nothing is left once the node wakes up and runs the SET.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_released_after_its_runtime_ended_is_gone_once_a_hung_node_wakes() {
     let mut cluster = common::cluster(3);
@@ -343,9 +316,9 @@ async fn a_lock_released_after_its_runtime_ended_is_gone_once_a_hung_node_wakes(
     assert!(gone.await, "left on {:?}", cluster.nodes_holding("k", &token));
 }
 
-// Control (passes on lanes and main): fencing tokens follow grant order when grants
-// alternate between two multi-thread runtimes (their own lanes), and when the first
-// runtime ends between grants.
+// Fencing tokens follow grant order when grants alternate between two multi-thread
+// runtimes (each with its own connections), and when the first runtime ends between
+// grants.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fencing_tokens_follow_grant_order_across_runtimes() {
     let cluster = common::cluster(3);
@@ -361,7 +334,7 @@ async fn fencing_tokens_follow_grant_order_across_runtimes() {
                 lock.release().await.unwrap();
                 token
             });
-            // The last round ends the runtime: the next grant comes from another lane.
+            // The last round ends the runtime: the next grant comes from another connection.
             if round == 3 {
                 drop(runtime);
                 return (None, token);
@@ -382,8 +355,8 @@ async fn fencing_tokens_follow_grant_order_across_runtimes() {
     }
 }
 
-// Control (passes on lanes and main): a waiting writer on runtime A that gives up
-// withdraws its intent on every node, while readers are held from another runtime.
+// A waiting writer on runtime A that gives up withdraws its intent on every node, while
+// readers are held from another runtime.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_writer_waiting_on_another_runtime_withdraws_its_intent() {
     let cluster = common::cluster(3);
@@ -415,9 +388,8 @@ async fn a_writer_waiting_on_another_runtime_withdraws_its_intent() {
     reader.release().await.unwrap();
 }
 
-// Control (passes on lanes and main): an auto-extended lock stays held while every worker
-// of the runtime that took it is blocked, also when that runtime still runs the
-// acquisition's request to a lagging node (whose later extensions wait behind it).
+// An auto-extended lock stays held while every worker of the runtime that took it is
+// blocked, also when that runtime still runs the acquisition's request to a lagging node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_auto_extended_lock_stays_held_while_its_runtime_is_blocked_and_a_node_lags() {
     let faulty = FaultyCluster::start(3).unwrap();
@@ -443,8 +415,8 @@ async fn an_auto_extended_lock_stays_held_while_its_runtime_is_blocked_and_a_nod
     auto.release().await.unwrap();
 }
 
-// Control (passes on lanes and main): shutdown keeps its deadline and never says Ok while
-// a dropped lock's keys are left, also when that lock's runtime is blocked.
+// Shutdown keeps its deadline and never says Ok while a dropped lock's keys are left, also
+// when that lock's runtime is blocked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_keeps_its_deadline_with_a_release_stuck_behind_a_blocked_runtime() {
     let cluster = common::cluster(3);
@@ -470,17 +442,11 @@ fn connections_received(cluster: &Cluster, i: usize) -> u64 {
     line.and_then(|line| line.split(':').nth(1)).unwrap().trim().parse().unwrap()
 }
 
-// FAILED on a8ad4bb (every run: the busy runtime reconnects twice; passes on main); fixed
-// since (see the module doc). Not a
-// safety break, but it is what turns the eviction interleaving above into a common one.
-//
-// `MAX_LANES` says "the lane used longest ago gives its connection up", but
-// `Connections::lane` evicts the lane *added* longest ago: a busy long-lived runtime (the
-// application's) is evicted every fourth time a short-lived multi-thread runtime (a sync
-// wrapper's runtime per call) uses the client, although it used its connection a moment
-// ago, while the dead lanes of the runtimes that ended keep their slots. Each eviction of
-// the busy lane is a reconnect (connect, SCRIPT LOAD, INFO) and, for whatever that lane
-// still had in flight, the undo-on-another-connection interleaving of
+// When runtimes come and go, the connection given up is the one used longest ago: a busy
+// long-lived runtime (the application's) keeps its connection while a short-lived
+// multi-thread runtime per call (a sync wrapper's) uses the client. Not a safety matter:
+// each needless reconnect costs a connect, SCRIPT LOAD and INFO, and sends whatever that
+// runtime still had in flight down the interleaving of
 // `a_lock_whose_lane_was_evicted_leaves_no_token_behind_a_held_acquisition`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_runtimes_lane_is_not_evicted_by_runtimes_made_per_call() {
@@ -515,13 +481,11 @@ const EXTENSION_MS: u64 = 7777;
 
 const EXTENSION: &[u8] = b"\r\n7777\r\n";
 
-// FAILED on f462826 (every run; passes on main); fixed since (see the module doc).
-//
 // A plain lock's extension heals: extend.lua SETs the key again where it is absent. An
-// extension sent from runtime B goes on lane B; the release from the test's runtime T goes on
-// lane T (every acquisition replied). Node 2's proxy holds the extension: it times out,
-// the release overtakes it on the other connection (Ok: the key was there), and then the
-// extension lands on an absent key and sets it again, with our token, for 7.8 s.
+// extension sent from runtime B and the release from the test's runtime T go out on
+// different connections. Node 2's proxy holds the extension: it times out, the release
+// overtakes it (Ok: the key was there), and the extension then lands on an absent key: it
+// must not set it again with the released token (for 7.8 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plain_lock_extended_from_another_runtime_leaves_no_key_after_its_release() {
     let (faulty, rl, b) = warm_on_two_runtimes(NODE_TIMEOUT).await;
@@ -532,14 +496,11 @@ async fn a_plain_lock_extended_from_another_runtime_leaves_no_key_after_its_rele
     let cluster = faulty.cluster();
     let what = format!("released after an extension from another runtime (token {})", lock.token());
     lock.release().await.unwrap();
-    // On lanes, node 2's release waits for the extension there to time out (200 ms), then
-    // runs on another connection, before the held extension; on main it waits behind it.
+    // Node 2's release runs before the held extension lands there.
     assert_gone_after_hold(cluster, (2, "k"), HOLD, &what).await;
     end(b).await;
 }
 
-// FAILED on f462826 (every run; passes on main); fixed since (see the module doc).
-//
 // The same with a multi-key lock: multi_extend.lua also sets absent keys again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_multi_lock_extended_from_another_runtime_leaves_no_key_after_its_release() {
@@ -559,13 +520,11 @@ async fn a_multi_lock_extended_from_another_runtime_leaves_no_key_after_its_rele
     end(b).await;
 }
 
-// FAILED on f462826 (every run; passes on main); fixed since (see the module doc).
-//
 // The common form: an auto-extended lock (its extensions go out from the client's own
-// thread, on the own thread's lane), released from the application's multi-thread runtime
-// (its lane: every acquisition replied). One extension is slow on node 2 (held by its
-// proxy, as a TCP retransmission on that one connection would): the release overtakes it
-// on the other connection, and the extension then sets the released key again.
+// thread, on that thread's connection), released from the application's multi-thread
+// runtime (on that runtime's connection; every acquisition replied). One extension is slow
+// on node 2 (held by its proxy, as a TCP retransmission on that one connection would): the
+// release overtakes it, and the extension must not set the released key again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_auto_extended_lock_released_from_its_runtime_leaves_no_key_behind_a_slow_extension() {
     let faulty = FaultyCluster::start(3).unwrap();
@@ -611,12 +570,9 @@ async fn lock_of_an_ended_runtime_with_a_held_acquisition(
     (faulty, rl, lock)
 }
 
-// Passes on lanes and main.
-//
-// Regression (the fix's re-sends against shutdown): the release of a lock whose runtime
-// ended finds nothing on node 2 (its SET is still held) and is sent again in the
-// background; shutdown(500 ms) must keep its deadline, and must not say Ok while that SET
-// is still to land (or has landed and stays).
+// The release of a lock whose runtime ended finds nothing on node 2 (its SET is still
+// held) and is sent again in the background; shutdown(500 ms) must keep its deadline, and
+// must not say Ok while that SET is still to land (or has landed and stays).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_keeps_its_deadline_and_its_word_while_an_unconfirmed_release_is_resent() {
     let (faulty, rl, lock) = lock_of_an_ended_runtime_with_a_held_acquisition("k").await;
@@ -635,10 +591,8 @@ async fn shutdown_keeps_its_deadline_and_its_word_while_an_unconfirmed_release_i
     );
 }
 
-// Passes on lanes and main.
-//
-// Regression: the background re-sends of an unconfirmed release must not remove a later
-// hold of the same key (the same client's next lock, taken while they run).
+// The background re-sends of an unconfirmed release must not remove a later hold of the
+// same key (the same client's next lock, taken while they run).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_resends_of_an_unconfirmed_release_leave_the_next_hold_alone() {
     let (faulty, rl, lock) = lock_of_an_ended_runtime_with_a_held_acquisition("k").await;
@@ -654,13 +608,10 @@ async fn the_resends_of_an_unconfirmed_release_leave_the_next_hold_alone() {
     next.release().await.unwrap();
 }
 
-// FAILED on f462826 and on main (every run): not new with lanes; fixed since (see the
-// module doc).
-//
-// A cached connection that the node closed (CLIENT KILL: the driver
-// has seen EOF) fails its send before anything is written; the release is re-sent, and
-// its "absent" is read as "the first send removed it": release() says Ok for a lock that
-// was force-released and held by another client meanwhile.
+// A cached connection that the node closed (CLIENT KILL: the driver has seen EOF) fails
+// its send before anything is written, and the release is sent again: its "absent" must
+// not be read as "the first send removed it", or release() says Ok for a lock that was
+// force-released and held by another client meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_after_the_nodes_closed_its_connections_reports_a_lock_taken_meanwhile() {
     let cluster = common::cluster(3);
@@ -680,13 +631,10 @@ async fn a_release_after_the_nodes_closed_its_connections_reports_a_lock_taken_m
     );
 }
 
-// Passes on lanes and main.
-//
-// Regression (liveness): a lock taken on runtime A while node 2 lags (its acquisition there
-// still without a reply), released from the test's runtime while A's workers are all
-// blocked: release() returns with the quorum of nodes 0 and 1 (their releases go on the
-// caller's lane), and node 2's, which must stay behind its acquisition on lane A, removes
-// the key once A runs again.
+// Liveness: a lock taken on runtime A while node 2 lags (its acquisition there still
+// without a reply), released from the test's runtime while A's workers are all blocked:
+// release() returns with the quorum of nodes 0 and 1, and no key is left on node 2 once A
+// runs again and its acquisition there has landed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_from_another_runtime_while_the_acquiring_one_is_blocked_and_a_node_lags() {
     let faulty = FaultyCluster::start(3).unwrap();
@@ -743,13 +691,11 @@ async fn released_after_two_extensions_timed_out_on_a_majority() -> (FaultyClust
     (faulty, rl)
 }
 
-// FAILED on 703d21a (every run; passes on main); fixed since (see the module doc).
-//
-// After release() returns, nodes 1 and 2 keep a registered re-send of the release for the
-// rest of the old lease, re-registered before each pause (50 ms doubling to 1 s). Each
-// acquisition of the same client waits behind it on nodes 1 and 2, inside its 200 ms node
-// timeout: it times out there, and with node 0 alone try_lock fails, again and again, for
-// up to ~10 s, although every key is gone (another client takes the lock at once).
+// After release() returns, nodes 1 and 2 keep re-sending the release for the rest of the
+// old lease (50 ms doubling to 1 s). The same client's next acquisitions must not wait
+// behind those re-sends: were they queued there, each would time out on nodes 1 and 2
+// (200 ms node timeout) and try_lock would fail for up to ~10 s, although every key is
+// gone (another client takes the lock at once).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_two_extensions_timed_out_on_a_majority_the_same_client_can_lock_the_key_again() {
     let (faulty, rl) = released_after_two_extensions_timed_out_on_a_majority().await;
@@ -778,10 +724,8 @@ async fn after_two_extensions_timed_out_on_a_majority_the_same_client_can_lock_t
     );
 }
 
-// Passes on 703d21a and on main.
-//
-// Regression: shutdown(500 ms) keeps its deadline while unordered re-sends run for the
-// rest of the old lease.
+// shutdown(500 ms) keeps its deadline while unordered re-sends run for the rest of the old
+// lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_keeps_its_deadline_while_unordered_releases_are_resent() {
     let (faulty, rl) = released_after_two_extensions_timed_out_on_a_majority().await;
@@ -799,26 +743,20 @@ async fn shutdown_keeps_its_deadline_while_unordered_releases_are_resent() {
     assert!(gone.await, "the released key stayed: {}", describe(cluster, 2, "k"));
 }
 
-// FAILS on the lanes branch (its drivers run on the caller's busy runtime); passes on main
-// with the first-poll rule, where the drivers run on the client's own thread.
-//
-// The lock is taken and released from a task of a ONE-worker multi-thread runtime (its
-// lane's connections are driven there). Between the two, the task keeps the worker busy
-// (synchronous work, as applications do): the nodes close every connection (CLIENT KILL),
-// and another client force-releases the lock, takes it and releases it. The drivers have
-// not run since the kill: each accepts the release on its first poll (queued: not
-// `Unsent`), then fails it when it runs (`Stale`, nothing written); the release is re-sent
-// with `resent: true`, its "absent" read as "the first try removed it", and release() says
-// Ok for a lock another client held meanwhile.
+// The lock is taken and released from a task of a ONE-worker multi-thread runtime. Between
+// the two, the task keeps the worker busy (synchronous work, as applications do): the
+// nodes close every connection (CLIENT KILL), and another client force-releases the lock,
+// takes it and releases it. The connections' drivers have not seen the kill when the
+// release is sent, so its first try fails without writing anything; the try that follows
+// must not read "absent" as "the first try removed it": release() says NotHeld for a lock
+// another client held meanwhile.
 #[test]
 fn a_release_from_a_busy_runtime_after_the_nodes_closed_its_connections_reports_not_held() {
     release_after_a_kill_and_a_takeover_meanwhile(false);
 }
 
-// Passes on 703d21a (the first-poll rule at work); fails on main (review_lanes_fixes' test 4).
-//
-// Control: the same, but the task awaits 100 ms before the release: the drivers run, see
-// the EOF and end, and the release is refused on its first poll (`Unsent`).
+// The same, but the task awaits 100 ms before the release: the drivers run, see the EOF
+// and end, and the release still says NotHeld.
 #[test]
 fn a_release_after_the_drivers_saw_the_kill_reports_not_held() {
     release_after_a_kill_and_a_takeover_meanwhile(true);
@@ -869,15 +807,11 @@ fn release_after_a_kill_and_a_takeover_meanwhile(yield_first: bool) {
     );
 }
 
-// FAILED on 703d21a (every run; passes on main); fixed since (see the module doc).
-//
-// Lease 2 s. Node 2's proxy holds E1 (an extension from runtime B, lane B) for 3 s, then
-// E2 (from the test's runtime T, lane T) for 500 ms. Both time out (200 ms): two creators
-// may land on node 2, the release from T goes on lane T behind E2 and is re-sent until
-// `until` = max(t0 + 2 s, t(E2) + 1.5 s) + drift. E1 lands on lane B at t(E1) + 3 s, after
-// the last re-send, on the released (absent) key, and extend.lua sets it again with the
-// released token, for 1.5 s from then. On main everything goes on one connection: the
-// release lands after E1.
+// Lease 2 s. Node 2's proxy holds E1 (an extension from runtime B, on B's connection) for
+// 3 s, then E2 (from the test's runtime T, on T's) for 500 ms. Both time out (200 ms), so
+// two extensions may still land on node 2; the release from T is re-sent until
+// max(t0 + 2 s, t(E2) + 1.5 s) + drift. E1 lands at t(E1) + 3 s, after the last re-send,
+// on the released (absent) key: extend.lua must not set it again with the released token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_healing_extension_landing_after_the_resends_leaves_no_key() {
     let faulty = FaultyCluster::start(3).unwrap();
@@ -918,19 +852,15 @@ async fn a_healing_extension_landing_after_the_resends_leaves_no_key() {
     );
 }
 
-// FAILS: on ef3d540 (every run); passes on main.
-//
 // 1. "k" taken on the test's runtime T (every node replied). Node 2's proxy holds requests
 //    carrying 7777 (the extension's lease).
-// 2. On runtime B: extend(7777 ms). Nodes 0, 1: Ok; node 2's extension (lane B: nothing
-//    may land there, B is the caller's) sits in the proxy and times out: it may land later,
-//    so node 2 keeps lane B. B ends: lane B's connection goes, the extension still in
-//    flight (the proxy delivers what the client wrote before closing).
-// 3. On T: release(). Node 2: lane B, whose connection is dead: a new one (driven on the
-//    own thread). The release finds the key (the acquisition's), deletes it: Ok. Not
-//    "absent", not timed out: not sent again.
-// 4. The held extension lands: extend.lua finds no key and SETs it again with the released
-//    token, PX 7777.
+// 2. On runtime B: extend(7777 ms). Nodes 0, 1: Ok; node 2's extension sits in the proxy
+//    and times out: it may land later. B ends: its connections close, the extension still
+//    in flight (the proxy delivers what the client wrote before closing).
+// 3. On T: release(). Node 2's release goes out on a new connection, finds the key (the
+//    acquisition's) and deletes it: Ok, answered at once, so not sent again.
+// 4. The held extension lands on an absent key: extend.lua must not SET it again with the
+//    released token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plain_lock_extended_on_a_runtime_that_then_ended_leaves_no_key_after_its_release() {
     let (faulty, rl, b) = warm_on_two_runtimes(NODE_TIMEOUT).await;
@@ -946,8 +876,6 @@ async fn a_plain_lock_extended_on_a_runtime_that_then_ended_leaves_no_key_after_
     assert_gone_after_hold(cluster, (2, "k"), HOLD, &what).await;
 }
 
-// FAILS: on ef3d540 (every run); passes on main.
-//
 // The same with a multi-key lock (multi_extend.lua heals too).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_multi_lock_extended_on_a_runtime_that_then_ended_leaves_no_key_after_its_release() {
@@ -965,15 +893,13 @@ async fn a_multi_lock_extended_on_a_runtime_that_then_ended_leaves_no_key_after_
     assert!(!cluster.node(2).exists("m2").unwrap(), "m2: {}", describe(cluster, 2, "m2"));
 }
 
-// FAILS: on ef3d540 (every run); passes on main.
-//
-// No runtime ends: the extension's lane is given up for four newer runtimes.
+// No runtime ends: the extension's connection is given up for four newer runtimes.
 // 1-2. As above, but B stays alive; its extension on node 2 is held and times out.
-// 3. Four more runtimes lock and release other keys: node 2 gives lane B up (used
+// 3. Four more runtimes lock and release other keys: node 2 gives B's connection up (used
 //    longest ago).
-// 4. On T: release(). Node 2: lane B (the extension may land), opened anew: the release
-//    overtakes the held extension, deletes the key: Ok, not sent again. The extension lands
-//    and sets the key again.
+// 4. On T: release(). Node 2's release, on a new connection, overtakes the held extension
+//    and deletes the key: Ok, not sent again. The extension then lands and must not set
+//    the key again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plain_lock_whose_extension_lane_was_evicted_leaves_no_key_after_its_release() {
     let (faulty, rl, b) = warm_on_two_runtimes(NODE_TIMEOUT).await;
@@ -990,16 +916,14 @@ async fn a_plain_lock_whose_extension_lane_was_evicted_leaves_no_key_after_its_r
     on_thread(move || drop((b, runtimes))).await;
 }
 
-// FAILS: on ef3d540 (every run); passes on main.
-//
 // Only the acquisition is held; the extension that overtakes it heals the key.
-// 1. On runtime B: try_lock("k"). Nodes 0, 1 grant; node 2's SET NX (lane B) is held by
-//    the proxy and times out: it may land later, node 2 keeps lane B. B ends.
-// 2. On T: extend(7777 ms). Node 2: lane B, opened anew: the key is absent, extend.lua
+// 1. On runtime B: try_lock("k"). Nodes 0, 1 grant; node 2's SET NX is held by the proxy
+//    and times out: it may land later. B ends.
+// 2. On T: extend(7777 ms). Node 2, on a new connection: the key is absent, extend.lua
 //    SETs it (heals): Ok.
-// 3. On T: release(). Node 2: lane B (the acquisition may still land), same new connection:
-//    the key is there (the extension's): deleted, Ok, not sent again.
-// 4. The held SET NX lands on an absent key: node 2 holds the released token for 10 s.
+// 3. On T: release(). The key is there (the extension's): deleted, Ok, not sent again.
+// 4. The held SET NX lands on an absent key: it must not leave the released token there
+//    for 10 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_healed_after_its_runtime_ended_leaves_no_key_behind_its_held_acquisition() {
     let (faulty, rl, b) = warm_on_two_runtimes(NODE_TIMEOUT).await;
@@ -1017,7 +941,6 @@ async fn a_lock_healed_after_its_runtime_ended_leaves_no_key_behind_its_held_acq
     lock.extend(Duration::from_millis(EXTENSION_MS)).await.unwrap();
     // The extension may have returned on the quorum of nodes 0 and 1: its heal on node 2
     // follows on a connection still opening.
-    // (On main it waits behind the held acquisition on the one connection: not healed.)
     let healed = common::eventually(Duration::from_millis(800), || {
         cluster.node(2).pttl("k").unwrap() > 7000
     });
@@ -1077,9 +1000,10 @@ async fn assert_not_left(cluster: &Cluster, key: &str, token: &str, what: &str) 
     assert!(gone, "{what}: {key} left on nodes {:?}", cluster.nodes_with_key(key).unwrap());
 }
 
-/// Attack 1: the review's attack with multi-thread short-lived runtimes, ended three ways
-/// (drop, `shutdown_background`, `shutdown_timeout(0)`): the background task holding a2's
-/// release on node 4 is dropped on a worker thread (at once or in the background).
+/// A release handed over from a short-lived multi-thread runtime, ended three ways (drop,
+/// `shutdown_background`, `shutdown_timeout(0)`): the background task holding a2's release
+/// on node 4 is dropped on a worker thread (at once or in the background), and a2's
+/// acquisition there, sent before it, must not leave a2's token behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_handed_over_from_a_multi_thread_runtime_waits_for_the_set() {
     let (faulty, rl) = common::five_slowed_nodes(Duration::from_secs(2)).await;
@@ -1094,7 +1018,7 @@ async fn a_release_handed_over_from_a_multi_thread_runtime_waits_for_the_set() {
     }
 }
 
-/// Attack 2: the guard is dropped by its runtime's shutdown (it lives in a task that never
+/// The guard is dropped by its runtime's shutdown (it lives in a task that never
 /// ends). `Drop` then builds the release in the middle of the shutdown: its background task
 /// is spawned onto a runtime that is closing (dropped before its first poll: `Unfinished`
 /// and the unpolled `Rest` drop in the unresumed state's order), or on the client's thread.
@@ -1125,7 +1049,7 @@ async fn a_guard_dropped_by_its_runtimes_shutdown_stays_behind_the_set() {
     }
 }
 
-/// Attack 4: the acquisition the handed-over release waits for lives on a second
+/// The acquisition a handed-over release follows lives on a second
 /// short-lived runtime A (the staging runs there), which ends before or after the release's
 /// runtime B. Both orders: nothing may be left on node 4, and nothing may wait for long.
 #[test]
@@ -1176,13 +1100,11 @@ fn the_acquisitions_runtime_ending_before_or_after_the_releases_keeps_the_order(
     );
 }
 
-/// Attack 5 (a stall): the acquisition a handed-over release waits for lives on a
-/// current-thread runtime A that is alive but idle (a synchronous wrapper between two
-/// `block_on`). The re-sent release then waits as long as A idles: not bounded by the node
-/// timeout. `shutdown(within)` must still return by its deadline (naming node 4), and once
-/// A runs again everything must land in order. (Without the fix, the re-sent release on the
-/// node whose acquisition was still unsent on A went out at once, and that acquisition went
-/// out when A ran again, 1.5 s past its node timeout: a2's key stayed there.)
+/// The acquisition a handed-over release follows lives on a current-thread runtime A that
+/// is alive but idle (a synchronous wrapper between two `block_on`), so it is still unsent
+/// when the release goes out. `shutdown(within)` must return by its deadline (naming node
+/// 4), and once A runs again, sending that acquisition 1.5 s past its node timeout, a2's
+/// key must not stay on node 4.
 #[test]
 fn a_handover_behind_an_idle_runtime_waits_for_it_and_shutdown_keeps_its_deadline() {
     let runtime_a = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
@@ -1224,7 +1146,7 @@ fn a_handover_behind_an_idle_runtime_waits_for_it_and_shutdown_keeps_its_deadlin
     });
 }
 
-/// Attack 6: a waiting writer (retry policy, so an intent and a withdrawal) gives up on a
+/// A waiting writer (retry policy, so an intent and a withdrawal) gives up on a
 /// short-lived runtime; its failed attempt's clean-up on node 4 waits there behind its
 /// unsent acquisition (itself behind the client's earlier write lock's release) and is
 /// handed over when the runtime ends, while the withdrawal runs on the client's thread
@@ -1269,9 +1191,9 @@ async fn a_writer_giving_up_on_a_short_lived_runtime_leaves_no_grant_nor_intent(
     }
 }
 
-/// Attack 7: a chain across three runtimes: an extension left unsent on node 4 by a first
-/// short-lived runtime (dropped with it, handing on to a2's acquisition), then the release
-/// from a second one, handed over. The re-sent release must follow both links.
+/// A chain across three runtimes: an extension left unsent on node 4 by a first
+/// short-lived runtime (dropped with it), then the release from a second one, handed over:
+/// nothing of a2's may stay on node 4, whatever order the three land in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_extension_and_a_release_from_two_short_lived_runtimes_stay_behind_the_set() {
     let (faulty, rl) = common::five_slowed_nodes(Duration::from_secs(2)).await;
@@ -1296,10 +1218,8 @@ async fn an_extension_and_a_release_from_two_short_lived_runtimes_stay_behind_th
 ///    `auto_extend()`; the `AutoLock` is returned out of the thread and the helper runtime
 ///    is dropped (its tasks with it).
 /// 2. The dropped extender drops its guard: the lock is released on every node.
-/// 3. The main runtime keeps the `AutoLock`: its lease says held (~9.9 s left), `lost()`
-///    does not fire, yet a second client is granted "k".
-///
-/// Fails deterministically.
+/// 3. The main runtime keeps the `AutoLock`: its lease must not say held (~9.9 s left)
+///    with `lost()` silent while a second client is granted "k".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 
 async fn an_auto_lock_outliving_its_runtime_never_reports_held_while_released() {
@@ -1330,20 +1250,15 @@ async fn an_auto_lock_outliving_its_runtime_never_reports_held_while_released() 
     drop(auto);
 }
 
-/// The same class for a refused attempt's clean-up: it is left to the caller's runtime
-/// ("Place::Caller"), queued behind a `SET` still in flight on a hung node. When the
-/// caller's runtime shuts down right after the call returned, the clean-up is dropped
-/// unsent; the `SET` (already written on a connection driven by another, long-lived
-/// runtime) lands when the node wakes up and stays for its whole lease, although the
-/// docs say "a refused attempt releases its token on every node that may hold it,
-/// including nodes that never answered".
+/// A refused attempt's clean-up must outlive the caller's runtime: the docs say "a refused
+/// attempt releases its token on every node that may hold it, including nodes that never
+/// answered", also when that runtime shuts down right after the call returned while the
+/// attempt's `SET` is still in flight on a hung node.
 ///
 /// Interleaving (3 nodes): the main runtime opens the connections; "k" is held by a
 /// foreign owner on nodes 0 and 1; node 2 is paused; a helper runtime's `try_lock("k")` is
-/// refused by nodes 0 and 1, its clean-up for node 2 waits behind the `SET`; the helper
-/// runtime ends; node 2 resumes, runs the `SET`, and the clean-up never comes.
-///
-/// Fails deterministically.
+/// refused by nodes 0 and 1 while its `SET` waits in node 2's socket buffer; the helper
+/// runtime ends; node 2 resumes and runs the `SET`: the token must not stay there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 
 async fn a_refused_attempt_from_a_short_lived_runtime_leaves_no_key() {
@@ -1377,17 +1292,17 @@ async fn a_refused_attempt_from_a_short_lived_runtime_leaves_no_key() {
 
 // Runtimes that opened the connections, then ended.
 
-// Found by the review (failed every run before the fix): a refused attempt from a short-lived runtime that OPENED the connections leaves
-// its key. Interleaving (3 nodes, node timeout 200 ms, no network fault at all):
+// A refused attempt from a short-lived runtime that opened the connections leaves no key.
+// Interleaving (3 nodes, node timeout 200 ms, no network fault at all):
 // 1. A helper thread's current-thread runtime is the client's first user: it opens the
-//    connections (their drivers run on that runtime).
+//    connections.
 // 2. "k" is held by a foreign owner on nodes 0 and 1; node 2 is paused (500 ms).
 // 3. The helper's try_lock("k") is refused by nodes 0 and 1 (NotAcquired); its SET is in
-//    node 2's socket buffer; the clean-up (on the client's own thread) waits behind it.
-// 4. The helper runtime ends: the connection drivers die with it, node 2's socket closes.
-// 5. The clean-up's send fails (driver gone), is re-sent on a new connection whose connect
-//    hangs on the paused node, times out, and is dropped: never retried.
-// 6. Node 2 wakes up and runs the SET: the key stays for its whole 10 s lease.
+//    node 2's socket buffer.
+// 4. The helper runtime ends, and node 2's socket with it.
+// 5. The clean-up for node 2 is sent on a new connection whose connect hangs on the paused
+//    node and times out: it must be tried again.
+// 6. Node 2 wakes up and runs the SET: the key must not stay for its whole 10 s lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_attempt_from_a_runtime_that_opened_the_connections_leaves_no_key() {
     let mut cluster = common::cluster(3);
@@ -1435,14 +1350,11 @@ async fn a_refused_attempt_from_a_runtime_that_opened_the_connections_leaves_no_
     );
 }
 
-// Found by the review (same root cause, for a release; failed every run before the fix): `release()` returns
-// Ok, yet node 2 keeps the released lock's key for the extension's whole 20 s lease. The
-// extension is in node 2's buffer; the release waits behind it; the helper runtime that
-// owns the drivers ends; the release is re-sent on a new connection to the hung node,
-// times out, and is never retried.
-// Same mechanism for a release: a lock taken and released from a short-lived runtime that
-// opened the connections, while node 2 is hung, with an extension in flight before the
-// release (so the release is not yet written when the runtime ends).
+// The same for a release: a lock taken and released from a short-lived runtime that
+// opened the connections, while node 2 is hung, with an extension in flight there before
+// the release (so the release is not yet written when the runtime ends). The release's
+// try on a new connection to the hung node times out and must be tried again: `release()`
+// returns Ok, and node 2 must not keep the key for the extension's whole 20 s lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_from_a_runtime_that_opened_the_connections_leaves_no_key() {
     let mut cluster = common::cluster(3);
@@ -1489,11 +1401,10 @@ async fn a_release_from_a_runtime_that_opened_the_connections_leaves_no_key() {
     );
 }
 
-// Found by the review: an auto-extended lock is lost with every node healthy, when the connections were
+// An auto-extended lock stays held with every node healthy when the connections were
 // opened by a runtime that is kept but not driven (the usual sync wrapper: one runtime kept
-// in a struct, `block_on` per call). The extender runs on the client's own thread, but its
-// requests go through connections whose redis-rs drivers live on the idle runtime: they are
-// never written, every extension times out, and the lease ends at its first deadline.
+// in a struct, `block_on` per call): the extender's requests must not depend on that idle
+// runtime, or every extension times out and the lease ends at its first deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_auto_extended_lock_from_a_sync_wrapper_runtime_stays_held_while_nodes_are_healthy() {
     let cluster = common::cluster(3);
@@ -1523,7 +1434,7 @@ async fn an_auto_extended_lock_from_a_sync_wrapper_runtime_stays_held_while_node
     assert!(held, "the lease was lost with every node healthy (pttls {pttls:?})");
 }
 
-// Control for the test above: the same, with the helper runtime kept running. Passes.
+// The test above with the helper runtime kept running.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_auto_extended_lock_from_a_driven_runtime_stays_held() {
     let cluster = common::cluster(3);
@@ -1550,14 +1461,12 @@ async fn an_auto_extended_lock_from_a_driven_runtime_stays_held() {
 
 // Releases and drops handed over from another runtime.
 
-/// Attack: the hand-over re-sends an undo "on its own" (no `previous`), assuming the
-/// request it undoes died with the same runtime. Here the request it undoes (a2's SET on
-/// node 4, still waiting for its turn behind a1's release) lives on the main runtime; a2
-/// is released from a short-lived runtime, whose end hands a2's release over to the
-/// client's thread.
-///
-/// Node 4's connection then carries: SET(a1) [held by the proxy], release(a2) [re-sent at
-/// once], release(a1), SET(a2): a2's key stays on node 4 for its whole lease.
+/// The request a handed-over release undoes need not have died with the releasing
+/// runtime. Here a2's SET on node 4, still waiting for its turn behind a1's release, lives
+/// on the main runtime; a2 is released from a short-lived runtime, whose end hands a2's
+/// release over to the client's thread, so the release can reach node 4 before the SET:
+/// SET(a1) [held by the proxy], release(a2), release(a1), SET(a2). a2's key must not stay
+/// on node 4 for its whole lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_handed_over_from_another_runtime_waits_for_the_set_it_undoes() {
     let (faulty, rl) = common::five_slowed_nodes(Duration::from_secs(2)).await;
@@ -1580,8 +1489,7 @@ async fn a_release_handed_over_from_another_runtime_waits_for_the_set_it_undoes(
     );
 }
 
-/// Control for the attack above: the same staging, a2 released on the main runtime (its
-/// release on node 4 stays queued behind its SET).
+/// The same staging, a2 released on the main runtime: nothing of a2's stays on node 4.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_on_the_same_runtime_waits_for_the_set_it_undoes() {
     let (faulty, rl) = common::five_slowed_nodes(Duration::from_secs(2)).await;
@@ -1598,7 +1506,7 @@ async fn a_release_on_the_same_runtime_waits_for_the_set_it_undoes() {
     assert_ne!(left.as_deref(), Some(token.as_str()), "a2's key is on node 4");
 }
 
-/// The same attack through `Drop` and another kind: a reentrant hold, whose acquisition on
+/// The same through `Drop` and another kind: a reentrant hold, whose acquisition on
 /// node 4 still waits (on the main runtime) behind the previous hold's release there, is
 /// dropped on a short-lived runtime. The release `Drop` leaves to that runtime is handed
 /// over when it ends and must still land after the acquisition it undoes.
@@ -1622,28 +1530,3 @@ async fn a_reentrant_hold_dropped_on_a_short_lived_runtime_leaves_no_field() {
         cluster.node(4).pttl(key).unwrap()
     );
 }
-
-/// Answers in slots, for rounds decided before every node answered: fenced acquisitions
-/// (acquire, read and write rounds) and `check_held` checks while node 4 answers 300 ms late
-/// each time (its answers land in the slots of rounds already decided). Tokens must grow
-/// strictly, every check must say held, and no two grants overlap.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fenced_rounds_and_checks_decided_without_a_slow_node_count_right() {
-    let (faulty, rl) = common::five_slowed_nodes(Duration::from_secs(1)).await;
-    faulty.proxy(4).set_fault(common::latency(150));
-    let mut last = 0;
-    for round in 0..4 {
-        let lock = rl.try_lock("fenced").fenced().await.unwrap();
-        let token = lock.fencing_token().unwrap();
-        assert!(token > last, "round {round}: token {token} after {last}");
-        last = token;
-        assert!(lock.check_held().await.unwrap(), "round {round}");
-        let err = rl.try_lock("fenced").await.unwrap_err();
-        assert_eq!(err.kind(), redlock::ErrorKind::NotAcquired, "round {round}: {err}");
-        lock.release().await.unwrap();
-    }
-    faulty.proxy(4).heal();
-}
-
-// Control (passes on both): the auto-extender's extension is held on node 2 and times out;
-// the release goes behind it on the own lane's (same) connection.

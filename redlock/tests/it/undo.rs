@@ -358,18 +358,19 @@ fn break_connection(cluster: &FaultyCluster, i: usize) {
     cluster.proxy(i).heal();
 }
 
-// Found by the review (failed about 3 runs in 4 before the fix): a failed clean-up is never retried. Interleaving (3 nodes, node timeout 100 ms):
+// A clean-up that times out on a re-opening connection is tried again. Interleaving (3
+// nodes, node timeout 100 ms; the break lands in the window in most runs, not all):
 // 1. "k" is held by a foreign owner on nodes 0 and 1; node 2 is paused (SIGSTOP, 800 ms).
 // 2. A's try_lock("k"): nodes 0, 1 answer Held -> NotAcquired at once. A's `SET k tA NX PX`
 //    sits in node 2's socket buffer; the clean-up for node 2 is queued behind it.
 // 3. 30 ms later A's connection to node 2 breaks (proxy reset; the SET already reached the
 //    node's buffer). The SET's request fails as "connection dropped", is re-sent on a new
 //    connection whose connect hangs (node paused), and times out at 100 ms.
-// 4. The clean-up then goes to that same still-opening connection, times out after 100 ms
-//    and is dropped ("background clean-up failed"): never retried.
-// 5. Node 2 wakes up and runs the original SET: A's token stays on node 2 for its whole
-//    10 s lease, although A's attempt failed and "a failed attempt is taken back on every
-//    node where it may have landed".
+// 4. The clean-up then goes to that same still-opening connection and times out after
+//    100 ms: it must be sent again.
+// 5. Node 2 wakes up and runs the original SET: A's token must not stay on node 2 for its
+//    whole 10 s lease ("a failed attempt is taken back on every node where it may have
+//    landed").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_attempt_on_a_hung_node_whose_connection_breaks_leaves_no_key() {
     let mut faulty = FaultyCluster::start(3).unwrap();
@@ -411,12 +412,11 @@ async fn a_failed_attempt_on_a_hung_node_whose_connection_breaks(
     );
 }
 
-// Found by the review (same root cause, for a release): A holds "r" on every node; node 2 pauses; A's
-// extension is written to node 2's buffer (the round succeeds on nodes 0, 1); A releases
-// (Ok on nodes 0, 1), the release for node 2 is queued behind the extension. A's
-// connection to node 2 breaks before the release is written: the release times out on the
-// re-opening connection and is dropped. Node 2 wakes up, runs the extension (PEXPIRE GT:
-// the key now lives 20 s), and keeps the key of a lock that was released.
+// The same for a release: A holds "r" on every node; node 2 pauses; A's extension is
+// written to node 2's buffer (the round succeeds on nodes 0, 1); A releases (Ok on nodes
+// 0, 1), the release for node 2 not yet written. A's connection to node 2 breaks: the
+// release times out on the re-opening connection and must be sent again. Node 2 wakes up
+// and runs the extension (PEXPIRE GT: 20 s): the released lock's key must not stay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_behind_an_extension_on_a_hung_node_whose_connection_breaks_leaves_no_key() {
     let mut faulty = FaultyCluster::start(3).unwrap();
@@ -442,8 +442,8 @@ async fn a_release_behind_an_extension_on_a_hung_node_whose_connection_breaks_le
     );
 }
 
-// Control: the same hung node WITHOUT a broken connection. The undo is written on the same
-// connection behind the request and runs right after it when the node wakes up.
+// The same hung node without a broken connection: once the node wakes up and runs the
+// attempt's SET, no key is left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_attempt_on_a_hung_node_leaves_no_key() {
     let mut faulty = FaultyCluster::start(3).unwrap();
@@ -537,7 +537,7 @@ fn holders(cluster: &Cluster, keys: &[&str], token: &str) -> Vec<(String, Vec<us
     keys.iter().map(|key| (key.to_string(), cluster.nodes_holding(key, token))).collect()
 }
 
-/// Attack 1: a chain of several cancelled calls (extension, extension, release) before the
+/// A chain of several cancelled calls (extension, extension, release) before the
 /// release sent by `Drop`. Each cancelled call's request on node 4 is dropped unsent while
 /// what it follows is still unsent: the links must compose.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -558,7 +558,7 @@ async fn a_chain_of_cancelled_calls_keeps_the_release_behind_the_unsent_acquisit
     }
 }
 
-/// Attack 2: the clean-up of a failed attempt is cancelled while its request on node 4
+/// The clean-up of a failed attempt is cancelled while its request on node 4
 /// waits for that attempt's unsent acquisition (nodes 0-2 hold a foreign value: refused;
 /// node 3 granted, its clean-up held by the proxy so the call is mid clean-up when
 /// cancelled). `Drop` then releases behind the dropped clean-up, and a new attempt of the
@@ -604,7 +604,7 @@ async fn a_cancelled_clean_up_and_a_new_attempt_stay_behind_the_unsent_acquisiti
     }
 }
 
-/// Attack 3: short node timeout. a2's acquisition on node 4 times out while it waits its
+/// A short node timeout: a2's acquisition on node 4 times out while it waits its
 /// turn (a1's release there is stuck behind a1's held acquisition); a2's cancelled release,
 /// the release from `Drop`, and a new attempt all follow it. Nothing may hang past the node
 /// timeout, and node 4 must end clean.
@@ -645,8 +645,9 @@ async fn an_acquisition_timing_out_in_line_stalls_nothing() {
     }
 }
 
-/// Attack 4: the other kinds (reentrant, read, write, multi-resource), each staged as in
-/// attack 1 with a cancelled extension then a cancelled release.
+/// The other kinds (reentrant, read, write, multi-resource), each staged as in
+/// [`a_chain_of_cancelled_calls_keeps_the_release_behind_the_unsent_acquisition`] with a
+/// cancelled extension then a cancelled release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_kind_keeps_the_release_behind_the_unsent_acquisition() {
     let (faulty, rl) = common::five_slowed_nodes(Duration::from_secs(2)).await;
@@ -677,7 +678,7 @@ async fn every_kind_keeps_the_release_behind_the_unsent_acquisition() {
     stage!("many", vec!["m1", "m2"], rl.many(&["m1", "m2"]).once());
 }
 
-/// Attack 5: a2 (with a cancelled release in its chain) dropped inside a current-thread
+/// a2 (with a cancelled release in its chain) dropped inside a current-thread
 /// runtime that is then shut down: its unsent acquisition and its undos die with the
 /// runtime; the undos handed over to the client's thread must still leave node 4 clean.
 #[test]
@@ -705,7 +706,7 @@ fn a_chain_dropped_with_its_runtime_leaves_nothing() {
     }
 }
 
-/// Attack 6: a writer waiting in line gives up (its wait is cancelled) while its last
+/// A writer waiting in line gives up (its wait is cancelled) while its last
 /// attempt's acquisition on node 4 is unsent behind its own earlier clean-up; the
 /// withdrawal waits for the undos. Nothing of the writer (key or intent) may stay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -737,15 +738,12 @@ async fn a_writer_giving_up_behind_an_unsent_attempt_leaves_nothing() {
     writer.release().await.unwrap();
 }
 
-/// Attack 7 (aborted the process at 1aae1b1): many extensions cancelled while
-/// node 4's acquisition is held. Each leaves a `behind` link to the previous one, so the
-/// chain grows by one per cancellation for as long as the head is in flight (each
-/// cancellation walks the whole chain: quadratic), and when the head settles the next
-/// request drops the whole chain at once, recursively (`OnceLock<Slot>` -> `Arc<[State]>`
-/// -> `OnceLock<Slot>` ...): stack overflow in the caller's thread. Run on a thread with a
-/// 512 KiB stack to abort at a few thousand links within the test budget (the test thread's
-/// 2 MiB overflow at ~8k links in a debug build). Passes on 6a95076 (no chains) and with
-/// the settle-time link to the first request not over (`CHAIN=20000` too).
+/// Many extensions cancelled while node 4's acquisition is held: whatever the client keeps
+/// for each cancelled request while the first is in flight must neither grow in cost per
+/// cancellation nor be dropped recursively when the first settles (a stack overflow
+/// aborts the process). Run on a thread with a 512 KiB stack so that a recursive drop
+/// overflows at a few thousand links within the test budget (the test thread's 2 MiB
+/// would take ~8k in a debug build); `CHAIN` and `STACK_KIB` change both.
 #[test]
 fn a_long_chain_of_cancelled_extensions_is_dropped_without_overflow() {
     let links: usize = std::env::var("CHAIN").ok().and_then(|s| s.parse().ok()).unwrap_or(4000);
@@ -800,30 +798,19 @@ fn release_sha() -> String {
     common::release_sha()
 }
 
-// ATTACK 1 (broke the first version; fixed): an undo's time-out taken by the linger was
-// never sent again.
-//
-// `background::finish` sends an undo again when it answers `TimedOut` after the node's
-// connection was replaced (README "Guarantees": "An undo ... whose connection broke ... is
-// sent again until the keys it removes have expired anyway"). It only sees the answers
-// that reach the background; the linger now takes the answers of the first 2 ms after the
-// decision into `round.outcomes`, and `finish_undos` leaves only the `Pending` nodes to the
-// background. Interleaving (3 nodes, node timeout T = 100 ms):
-// 1. lock "k" on nodes 0, 1, 2; node 0's connection breaks (generation changes) and is
-//    re-opened by a check (node 0 answers it in time: not `late`).
-// 2. node 0's proxy holds every release (by script SHA); node 1's proxy holds its release for just under T
-//    (a script), started ~0.8 ms before the release.
-// 3. release: node 2 answers at once, node 1 at ~T - 0.8 ms: decided (quorum), node 0
-//    pending and not late -> linger (grace 2 ms). Node 0's release times out at T, inside
-//    the grace: taken as `TimedOut` into the round; not `Pending`, so not left to the
-//    background, so never sent again.
-// 4. node 0's held release is lost with its connection (reset after the time-out); node 0
-//    keeps "k" for its whole 10 s lease. Before the change the `TimedOut` reached the
-//    background, which re-sent the release 50 ms later on the new connection.
-// Measured (8 trials a run): after the change 5-8 trials of 8 leave the key in most runs;
-// before it (HEAD), 0-2 of 8: the same gap already existed for a `TimedOut` taken at or
-// before the decision (node 1 answering after node 0 timed out on a loaded machine), which
-// the linger widens by up to 2 ms after every such decision.
+// An undo whose connection broke is sent again until the keys it removes have expired
+// anyway (README "Guarantees"), also when its time-out comes in the short wait for
+// stragglers after the round was decided (up to 2 ms), not only before the decision.
+// Interleaving (3 nodes, node timeout T = 100 ms), in 8 trials with node 1 answering
+// 1.5-1.8 ms before node 0's time-out (the window is that narrow):
+// 1. lock "k" on nodes 0, 1, 2; node 0's connection breaks and is re-opened by a check
+//    (node 0 answers it in time, so the round waits for it).
+// 2. node 0's proxy holds every release (by script SHA); node 1's proxy holds its release
+//    for just under T.
+// 3. release: node 2 answers at once, node 1 just before T: decided (quorum), node 0 still
+//    pending, waited for. Node 0's release times out at T, inside that wait.
+// 4. node 0's held release is lost with its connection (reset after the time-out): it
+//    must be sent again on the new connection, or node 0 keeps "k" for its whole lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_undo_timing_out_during_the_linger_is_still_sent_again() {
     let faulty = FaultyCluster::start(3).unwrap();
@@ -884,15 +871,13 @@ async fn an_undo_timing_out_during_the_linger_is_still_sent_again() {
     );
 }
 
-// ATTACK 2 (held): validity after the linger. `decided_at` is moved to the end of the wait,
-// and every check against it (`acquire`: `decided_at < deadline`, `extend`:
-// `decided_at >= deadline`, fencing: `write.decided_at < deadline`) only gets stricter; the
-// deadline itself still counts from the round's start. Pinned: with tiny leases and slow
-// nodes (so that the linger's grace is the full 2 ms and often crosses the deadline), the
-// deadline of a lock or an extension handed out is never later than its round's start +
-// lease; a refused one is `Expired`/`NotHeld`, and nothing is left on the nodes. (A lock can
-// be seen already invalid by the caller, also before the change: the check is at the
-// decision, and returning takes time on a loaded machine; counted, not asserted.)
+// Validity after the wait for stragglers: a round decided, then waiting up to 2 ms more,
+// counts its deadline from the round's start and checks it at the end of the wait. With
+// tiny leases and slow nodes (so that the wait often crosses the deadline), the deadline
+// of a lock or an extension handed out is never later than its round's start + lease; a
+// refused one is `Expired`/`NotHeld`, and nothing is left on the nodes. (A lock can be
+// seen already invalid by the caller: the check is at the decision, and returning takes
+// time on a loaded machine; counted, not asserted.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_or_extension_handed_out_after_the_linger_is_still_valid() {
     let faulty = FaultyCluster::start(3).unwrap();
@@ -943,12 +928,12 @@ async fn a_lock_or_extension_handed_out_after_the_linger_is_still_valid() {
     assert!(clean, "keys left: {}", faulty.cluster().keys_everywhere("tiny*").unwrap());
 }
 
-// ATTACK 3 (held): cancellation during the linger. The acquisition's (or release's)
-// stragglers are now owned by the caller's future until the grace ends: dropping it there
-// drops them (before, they were already in a task). Swept: an attempt, a release and an
-// extension cancelled at every millisecond of a round that decides at ~2-8 ms and lingers
-// up to 2 ms (nodes behind latency, one slower). Pinned: nothing is left on any node, and a
-// new attempt on the key succeeds once the old lease could have ended.
+// Cancellation during the wait for stragglers: the round's requests still in flight are
+// owned by the caller's future until the wait ends, so dropping the future there drops
+// them. Swept: an attempt, a release and an extension cancelled at every millisecond of a
+// round that decides at ~2-8 ms and waits up to 2 ms more (nodes behind latency, one
+// slower). Nothing is left on any node, and a new attempt on the key succeeds once the old
+// lease could have ended.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_during_the_linger_leaves_nothing() {
     let faulty = FaultyCluster::start(3).unwrap();
@@ -1020,26 +1005,14 @@ fn unhold(faulty: &FaultyCluster, nodes: &[usize]) {
     }
 }
 
-// ATTACK 1 (broke; fixed: a re-send is made, so registered, when scheduled): shutdown said "clean" while a taken undo waits for its re-send.
-//
-// `Retries::again` only pushes a future that sleeps (50 ms, doubling) and calls `remake`
-// after the pause; `remake` is what registers the undo with `core.undos` (`track_one`).
-// During the pause nothing unsettled is registered for the node: the round's own
-// registration (`Sent::Everywhere`) has the timed-out slot, already settled.
-// `Core::shutdown` ignores whether `idle_by` reached idle and names a node only from
-// `undos.in_flight()` or a new failure count. Interleaving (3 nodes, T = 100 ms):
-// 1. lock "k"; nodes 0 and 1 reconnect (generation changes); their proxies hold releases.
-// 2. release: nodes 0 and 1 time out at T, before the decision (the second one decides
-//    `Unavailable`): both taken (`TimedOut` after a reconnect), re-sent in 50 ms.
-// 3. `shutdown(20 ms)` at once: the background task is still running (in the pause),
-//    `in_flight` is false everywhere, no failure counted -> `Ok(())`, although the
-//    release was confirmed on neither node 0 nor 1 (their keys stay if the re-sends fail).
-// The same gap exists before this commit for a rest's timeout re-sent by the background
-// (ATTACK 2); the commit routes every pre-decision timeout after a reconnect into it.
-// Fix: register the re-send when it is scheduled (`again`: make the `Slot` and
-// `track_one` it there, pass both into the future), so the pause counts as in flight for
-// `shutdown` and for the client's next acquisition; or have `shutdown` treat a background
-// undo task still running at the deadline as unconfirmed on its nodes.
+// `shutdown` says `Ok` only when every undo was confirmed: an undo that timed out after a
+// reconnect and waits in the pause before its re-send (50 ms, doubling) counts as in
+// flight. Interleaving (3 nodes, T = 100 ms):
+// 1. lock "k"; nodes 0 and 1 reconnect; their proxies hold releases.
+// 2. release: nodes 0 and 1 time out at T, before the decision (`Unavailable`); both
+//    releases are to be sent again in 50 ms.
+// 3. `shutdown(20 ms)` at once, inside that pause: the release was confirmed on neither
+//    node 0 nor 1 (their keys stay if the re-sends fail), so shutdown must name them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_names_nodes_whose_taken_undo_waits_for_its_resend() {
     let faulty = FaultyCluster::start(3).unwrap();
@@ -1068,10 +1041,10 @@ async fn shutdown_names_nodes_whose_taken_undo_waits_for_its_resend() {
     assert_eq!(err.kind(), ErrorKind::Shutdown);
 }
 
-// ATTACK 2 (broke, pre-existing shape of ATTACK 1; fixed with it): the same pause for a rest's undo.
-// Release Ok (nodes 1, 2); node 0 (reconnected, holding releases) is left to the
-// background, times out at T = 100 ms, and is re-sent 50 ms later. `shutdown(125 ms)`
-// called right after the release ends inside that pause: `Ok(())`.
+// The same pause for an undo left to the background after the decision. Release Ok
+// (nodes 1, 2); node 0 (reconnected, holding releases) times out at T = 100 ms in the
+// background and is to be sent again 50 ms later. `shutdown(125 ms)`, called right after
+// the release, ends inside that pause: it must name node 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_names_a_node_whose_background_undo_waits_for_its_resend() {
     let faulty = FaultyCluster::start(3).unwrap();
@@ -1090,14 +1063,13 @@ async fn shutdown_names_a_node_whose_background_undo_waits_for_its_resend() {
     );
 }
 
-// ATTACK 3 (held): hand-over right after `finish` started retries from `taken`. The
-// release runs on a short-lived runtime: nodes 0 and 1 (reconnected, holding releases)
-// time out before the decision, `finish` schedules their re-sends (pushed to `pending`)
-// and spawns the task there; the runtime ends at once, dropping the task in its pause:
-// `Unfinished::drop` sends both again on the client's own thread (queued behind settled
-// slots). Then the held releases are dropped with their connections. Pinned: the key is
-// gone from every node, and a later lock of the same key by the same client is granted
-// and survives every possible re-send (a re-sent undo removes only its own token).
+// Re-sends handed over when their runtime ends in their pause. The release runs on a
+// short-lived runtime: nodes 0 and 1 (reconnected, holding releases) time out before the
+// decision, their re-sends are scheduled in a task there, and the runtime ends at once,
+// dropping that task in its pause: the client's own thread must send both again. Then
+// the held releases are dropped with their connections. The key is gone from every node,
+// and a later lock of the same key by the same client is granted and survives every
+// possible re-send (a re-sent undo removes only its own token).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hand_over_of_taken_undos_leaves_nothing_and_spares_the_next_hold() {
     let faulty = FaultyCluster::start(3).unwrap();
@@ -1132,9 +1104,9 @@ async fn a_hand_over_of_taken_undos_leaves_nothing_and_spares_the_next_hold() {
     }
 }
 
-// ATTACK 4 (held): a taken re-send never overtakes into the next owner. Another client
-// takes the key as soon as the re-sent releases free it; the re-sends (more may still be
-// scheduled on node 0, whose first re-send is held again) remove only the old token.
+// Re-sends never remove the next owner's hold. Another client takes the key as soon as the
+// re-sent releases free it; the re-sends (more may still be scheduled on node 0, whose
+// first re-send is held again) remove only the old token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn taken_resends_never_remove_another_owners_hold() {
     let faulty = FaultyCluster::start_for_clients(3, 2, Default::default()).unwrap();
@@ -1164,16 +1136,3 @@ async fn taken_resends_never_remove_another_owners_hold() {
     assert!(holding.len() >= 2 && holding.contains(&1), "their hold is on {holding:?} only");
     theirs.release().await.unwrap();
 }
-
-// ATTACK 5 (not staged; code reading; fixed: a node is late for `LATE_FOR` at most,
-// `node::tests::a_late_node_is_late_for_a_second_or_until_it_answers_in_time`): `late` is cleared only by an answer taken in a
-// round (before the decision or during a wait). A healthy node that is always the
-// straggler (a farther node, answering ~1 ms after the quorum, inside the 2 ms wait) is
-// never waited for again once it missed one wait or timed out once: no round waits while
-// it is late, and its answer reaches only the rest's task, which never clears the flag.
-// Every later round then spawns a task for it (the cost this commit removes), for good.
-// Could not be staged here: the proxies' latency on this machine comes in steps of ~4 ms
-// (answers of the three nodes land together or 4 ms apart), so no node is reliably
-// "last but within 2 ms". Suggested fix: clear `late` from the rest's task when the
-// answer came within the grace of its round's decision, or wait for a late node again
-// every so often.

@@ -73,7 +73,7 @@ async fn subscribed(cluster: &Cluster, key: &str, nodes: usize) {
 }
 
 // ---------------------------------------------------------------------------------------
-// (a) A first waiter whose attempts fail for a reason of its own holds the next one back.
+// A first waiter whose attempts fail for a reason of its own holds the next one back.
 // ---------------------------------------------------------------------------------------
 
 /// The first waiter is fenced, and its fencing rounds fail (`Unavailable`, retryable): two
@@ -145,7 +145,7 @@ async fn a_first_waiter_whose_lease_is_too_short_stands_in_for_no_one() {
 }
 
 // ---------------------------------------------------------------------------------------
-// (a) "Alive" is judged with the second waiter's policy, not the first one's.
+// "Alive" is judged with the second waiter's policy, not the first one's.
 // ---------------------------------------------------------------------------------------
 
 /// The first waiter polls every 1.5 s (its own policy), the second every 10 ms. The
@@ -182,7 +182,7 @@ async fn a_lock_left_to_expire_is_taken_at_the_fast_waiters_tick_not_the_slow_fi
 }
 
 // ---------------------------------------------------------------------------------------
-// (a) A first waiter on a blocked runtime: the stall threshold scales with 8 node timeouts.
+// A first waiter on a blocked runtime: the stall threshold scales with 8 node timeouts.
 // ---------------------------------------------------------------------------------------
 
 /// The first waiter's runtime is blocked by application code (a synchronous sleep). It is
@@ -237,13 +237,14 @@ async fn a_first_waiter_on_a_blocked_runtime_holds_no_one_back() {
 }
 
 // ---------------------------------------------------------------------------------------
-// (b) Skipped ticks cost a pause, real attempts a pause and a round: max_attempts shrinks.
+// Skipped ticks cost a pause, real attempts a pause and a round: max_attempts shrinks.
 // ---------------------------------------------------------------------------------------
 
-/// Nodes 20 ms away each way: an attempt takes >= 40 ms. A waiter allowed 30 attempts
-/// with no pause used to wait >= 30 rounds (>= 1.2 s); behind a live first waiter its 29
-/// skipped ticks take no time, and it gives up after one real attempt. The lock is handed
-/// over after 400 ms: before the change the second waiter was still waiting and got it.
+/// Nodes 20 ms away each way: an attempt takes >= 40 ms, so a waiter allowed 30 attempts
+/// with no pause waits >= 30 rounds (>= 1.2 s) on its own. Behind a live first waiter its
+/// skipped ticks must be paced like attempts, not take no time (it would give up after one
+/// real attempt): the lock is handed over after 400 ms, and the second waiter, still
+/// waiting, gets it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn skipped_ticks_are_paced_like_attempts_so_max_attempts_bounds_the_same_wait() {
     let (faulty, rl) = behind_proxies(ms(300), every(ms(10), Duration::from_secs(5))).await;
@@ -283,17 +284,17 @@ async fn skipped_ticks_are_paced_like_attempts_so_max_attempts_bounds_the_same_w
 }
 
 // ---------------------------------------------------------------------------------------
-// (a) Read-write: a reader in front of this client's writer is refused by the writer's
+// Read-write: a reader in front of this client's writer is refused by the writer's
 // own intent, which the writer, letting its ticks pass, stops renewing.
 // ---------------------------------------------------------------------------------------
 
 /// Client X holds a read share on nodes 0-2. Our writer's first attempt is refused there
 /// (its intent is recorded) and granted on 3-4, whose clean-up is held up 300 ms; our
 /// reader asks meanwhile, is refused by the writer's intent, and gets in line first. X
-/// releases: the key is free for the writer (an intent refuses readers, not writers),
-/// but the writer lets its ticks pass behind the reader, which stays refused until the
-/// writer's intent runs out, then takes a share for a second: the writer gets the lock
-/// only after it. Before the change the writer took it at its next tick.
+/// releases: the key is free for the writer (an intent refuses readers, not writers). The
+/// writer must not let its ticks pass behind the reader (which stays refused until the
+/// writer's intent runs out, then takes a share for a second): it keeps attempting, and
+/// renewing its intent, and gets the free lock within 500 ms.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_writer_behind_its_clients_reader_keeps_attempting_and_its_intent() {
     let (faulty, rl) = behind_proxies(ms(500), every(ms(10), Duration::from_secs(6))).await;
@@ -339,12 +340,12 @@ async fn a_writer_behind_its_clients_reader_keeps_attempting_and_its_intent() {
 }
 
 // ---------------------------------------------------------------------------------------
-// (d) A panic the change introduced in the in_line initial wait.
+// A huge pause in the wait behind this client's own waiter.
 // ---------------------------------------------------------------------------------------
 
-/// The initial wait behind this client's waiter used `tokio::time::sleep(pause)`; it now
-/// computes `Instant::now() + pause`, which panics for a huge pause (a single attempt
-/// with a `delay` meant as "never poll": `Retry::never().with_delay(Duration::MAX)`).
+/// The first wait behind this client's waiter computes its deadline from the pause, which
+/// must not overflow (and panic) for a huge pause: a single attempt with a `delay` meant
+/// as "never poll", `Retry::never().with_delay(Duration::MAX)`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_in_line_wait_with_a_huge_delay_does_not_panic() {
     let cluster = common::cluster(3);
@@ -367,7 +368,7 @@ async fn an_in_line_wait_with_a_huge_delay_does_not_panic() {
 // What holds.
 // ---------------------------------------------------------------------------------------
 
-/// (e) Mutual exclusion: two clients, plain locks and multi-resource locks sharing the
+/// Mutual exclusion: two clients, plain locks and multi-resource locks sharing the
 /// first key, waiters cancelled mid-wait at random: never two holders at once, and the
 /// registry and waiter mutexes never deadlock (everything finishes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -428,7 +429,7 @@ async fn mixed_waiters_of_two_clients_never_hold_at_once_and_never_deadlock() {
     assert!(granted.load(Ordering::SeqCst) > 20, "too few grants: {granted:?}");
 }
 
-/// (b) Behind a live first waiter, `max_wait` still bounds the wait, and the error comes
+/// Behind a live first waiter, `max_wait` still bounds the wait, and the error comes
 /// from a real attempt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn behind_a_live_first_waiter_max_wait_bounds_the_wait_with_a_real_attempt() {
@@ -451,7 +452,7 @@ async fn behind_a_live_first_waiter_max_wait_bounds_the_wait_with_a_real_attempt
     first.await.unwrap().unwrap();
 }
 
-/// (c) A granted writer does not hand on a stale wake-up, and a new one still reaches
+/// A granted writer does not hand on a stale wake-up, and a new one still reaches
 /// the next writer: three writers of one client are each woken by the previous release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writers_in_line_are_each_woken_by_the_previous_release() {
@@ -481,16 +482,14 @@ async fn writers_in_line_are_each_woken_by_the_previous_release() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Second review (61148fb).
+// `max_wait` with ticks skipped behind a waiter of the same client.
 // ---------------------------------------------------------------------------------------
 
-/// (b) A skipped tick is paced `pause + the first waiter's last attempt`, but only
-/// `waited + pause <= max_wait` is checked before it: the next tick, the "last real
-/// attempt", can start after max_wait. Attempts take ~500 ms (250 ms each way); the
-/// second waiter polls every 600 ms with max_wait 1.3 s. Baseline (198491b): it gives up
-/// by ~1.6 s (no attempt starts after 1.3 s). Now: tick at 0.6 s skipped (0.6 + 0.6 <=
-/// 1.3), next due 0.6 + 0.6 + 0.5 = 1.7 s, a real attempt starting 0.4 s past max_wait,
-/// error at ~2.2 s.
+/// A tick skipped behind the first waiter is paced by `pause` plus that waiter's attempt,
+/// and no attempt may start after `max_wait`. Attempts take ~500 ms (250 ms each way); the
+/// second waiter polls every 600 ms with max_wait 1.3 s: it gives up by ~1.8 s. Were the
+/// tick at 0.6 s skipped and the next one due at 0.6 + 0.6 + 0.5 = 1.7 s, its real
+/// attempt would start 0.4 s past max_wait and fail at ~2.2 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_skipped_tick_does_not_push_the_last_attempt_past_max_wait() {
     let (faulty, rl) = behind_proxies(Duration::from_secs(1), Retry::never()).await;
@@ -665,9 +664,8 @@ async fn readers_of_the_client_stay_out_after_its_stuck_write_is_force_released(
 /// multi-resource lock of `K` and `L` (`L` is held by client D), then a plain lock of `K`.
 /// C's hold of `K` is extended while they wait. The operator force-releases `K`. Its one
 /// notification wakes the first waiter, whose attempt fails (`L`); the plain waiter, which
-/// needs nothing but the now free `K`, sits out its ticks behind C's gone hold. At
-/// 7872702 the multi waiter could not stand in for it (it needs `L`), so it polled and got
-/// `K` at its next tick.
+/// needs nothing but the now free `K`, must not sit out its ticks behind C's gone hold:
+/// it gets `K` within a second of the force release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plain_waiter_behind_a_refused_multi_waiter_stays_out_after_a_force_release() {
     let cluster = common::cluster(3);
@@ -740,11 +738,11 @@ async fn a_waiter_of_the_client_finds_a_hold_lost_without_notice_at_its_next_tic
 /// `with_lock`: C's work runs with an auto-extended lock of `K` (3 s lease, extended every
 /// second: each extension sets `held` while a waiter of C watches) and does not watch its
 /// lease. Nodes 1 and 2 restart empty just after an extension; the next extension finds
-/// the lock gone and the lease reports it lost. From then on C's waiter tries again at its
-/// ticks (its `SET`s reach the nodes), where at 044036d it sat out its ticks until the
-/// hold's old validity ended. (It may get `K` at once: the loss releases the keys, the
-/// ones the failed extension set again on the nodes that had lost them included; a CI run
-/// of 305cc19 saw it do so before the test's first count of `SET`s.)
+/// the lock gone and the lease reports it lost. From then on C's waiter must try again at
+/// its ticks (its `SET`s reach the nodes) instead of sitting them out until the hold's old
+/// validity ends. (It may get `K` at once: the loss releases the keys, the ones the failed
+/// extension set again on the nodes that had lost them included, sometimes before the
+/// test's first count of `SET`s.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_known_lost_no_longer_keeps_the_clients_waiter_out() {
     let mut cluster = common::cluster(3);
@@ -877,7 +875,7 @@ async fn a_waiter_of_another_client_finds_the_lost_hold_at_its_next_tick() {
 
 /// The policy still bounds a waiter that sits out its ticks behind this client's hold:
 /// with `max_attempts` 4 and 100 ms pauses, the wait ends after three pauses with
-/// `NotAcquired` (its last tick a real attempt), as at 7872702.
+/// `NotAcquired` (its last tick a real attempt).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_attempts_still_bounds_a_wait_behind_the_clients_own_hold() {
     let cluster = common::cluster(3);
@@ -939,10 +937,10 @@ fn heal_after(faulty: &Arc<FaultyCluster>, node: usize, ms: u64) -> std::thread:
 /// eviction, an operator's DEL, a restart without persistence) and client B takes `k`
 /// there: B holds the lock on a majority. A releases; on nodes 1 and 2 its release is
 /// written but the proxy drops it and closes the connection (it never ran); A sends it
-/// again and the re-send finds B's key there. The re-send is read as "removed by the first
-/// send, taken by someone since": the release says `Ok` ("held until this call") although
-/// another owner held the lock on a majority before the release was even sent. At 7872702
-/// the same release said `NotHeld`.
+/// again and the re-send finds B's key there. It must not read that as "removed by the
+/// first send, taken by someone since": `Ok` ("held until this call") would be false,
+/// since another owner held the lock on a majority before the release was even sent. The
+/// release says `NotHeld`, and B's hold is untouched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resent_release_that_finds_another_owner_says_ok_for_a_hold_lost_before_it() {
     let (faulty, a, b) = two_clients_on_three_proxied_nodes().await;

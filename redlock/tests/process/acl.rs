@@ -2,11 +2,11 @@
 //! releases (`Ok`, key gone, one warning per node) and its waiters poll.
 
 use crate::common;
+use crate::common::acl::{cluster_as, rules};
 
 use std::time::{Duration, Instant};
 
-use redlock::{Redlock, RedlockBuilder, Retry};
-use redlock_testkit::Cluster;
+use redlock::Retry;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_release_channels_releases_succeed_and_waiters_poll() {
@@ -61,32 +61,3 @@ async fn without_the_release_channels_releases_succeed_and_waiters_poll() {
         assert_eq!(warnings, 1, "{name}:\n{text}");
     }
 }
-
-/// `MINIMAL` with `drop` left out and `add` added.
-fn rules(drop: &[&str], add: &[&'static str]) -> Vec<&'static str> {
-    let mut rules: Vec<&str> =
-        MINIMAL.iter().copied().filter(|rule| !drop.contains(rule)).collect();
-    rules.extend_from_slice(add);
-    rules
-}
-
-/// Three nodes with the ACL user `name` and a builder connecting as it (prefix `app:`).
-fn cluster_as(name: &str, rules: &[&str]) -> (Cluster, RedlockBuilder) {
-    let cluster = common::cluster(3);
-    for node in cluster.nodes() {
-        node.acl_setuser(name, PASSWORD, rules).unwrap();
-    }
-    let urls: Vec<String> =
-        cluster.nodes().iter().map(|node| node.url_as(name, PASSWORD)).collect();
-    let builder = Redlock::builder()
-        .nodes(urls)
-        .key_prefix("app:")
-        .node_timeout(Duration::from_millis(500))
-        .retry(Retry::never());
-    (cluster, builder)
-}
-
-const PASSWORD: &str = "acl-pass";
-
-/// The README's library lines (locking, waiting, fencing, quarantine) for the prefix `app:`.
-const MINIMAL: &[&str] = common::MINIMAL_ACL;

@@ -2,11 +2,12 @@
 //! the extension ran still gets its renewed key removed.
 
 use crate::common;
+use crate::common::{held_on_five, pttl};
 
 use std::time::Duration;
 
-use redlock::{ErrorKind, Lock, Redlock};
-use redlock_testkit::{Cluster, FaultyCluster, NetFault};
+use redlock::ErrorKind;
+use redlock_testkit::NetFault;
 
 /// The extension ran on node 4 (renewing our key for 30 s), then node 4's connection is
 /// reset before its reply, for 600 ms, longer than the release's quick re-sends: the
@@ -42,21 +43,4 @@ async fn a_reset_after_the_extension_ran_still_removes_its_renewed_key() {
         cluster.nodes_holding("k", &token),
         pttl(cluster, 4, "k")
     );
-}
-
-/// Five nodes behind proxies, a client with `node_timeout` (its connections open), and its
-/// lock on "k", set on all five, with the lock's token.
-async fn held_on_five(node_timeout: Duration) -> (FaultyCluster, Redlock, Lock, String) {
-    let faulty = FaultyCluster::start(5).unwrap();
-    let rl = common::builder_for(faulty.urls(), node_timeout).build().unwrap();
-    common::warm(&rl).await;
-    let lock = rl.try_lock("k").await.unwrap();
-    let token = lock.token().to_owned();
-    let everywhere = || faulty.cluster().nodes_holding("k", &token).len() == 5;
-    assert!(common::eventually(Duration::from_secs(1), everywhere).await);
-    (faulty, rl, lock, token)
-}
-
-fn pttl(cluster: &Cluster, i: usize, key: &str) -> i64 {
-    cluster.node(i).pttl(key).unwrap()
 }

@@ -60,7 +60,8 @@ async fn a_release_sent_before_the_driver_saw_the_nodes_close_reports_a_lock_tak
     );
 }
 
-// Regression (passes here, fails before): the commit's scenario for every kind of lock.
+// Every kind's release after the nodes closed its connections (CLIENT KILL), its lock
+// force-released and taken by another client meanwhile, says NotHeld.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_kinds_release_after_the_nodes_closed_its_connections_reports_a_lock_taken_meanwhile()
 {
@@ -89,7 +90,7 @@ async fn every_kinds_release_after_the_nodes_closed_its_connections_reports_a_lo
     }
 }
 
-// Regression: nodes restarted with their AOF between the acquisition and the release (the
+// Nodes restarted with their AOF between the acquisition and the release (the
 // cached connections are dead, their drivers saw it): the release reaches every node at
 // once and says Ok; with the lock force-released and taken meanwhile, NotHeld.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -114,7 +115,7 @@ async fn a_release_after_restarts_with_aof_removes_the_key_or_reports_a_lock_tak
     assert_eq!(kind(&taken.release().await), Err(ErrorKind::NotHeld));
 }
 
-// Regression: CLIENT KILL, then a burst of concurrent releases from many tasks, half of
+// CLIENT KILL, then a burst of concurrent releases from many tasks, half of
 // their locks force-released and taken by another client meanwhile: each of ours says Ok
 // or NotHeld as it should, and the other client's holds are untouched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -152,7 +153,7 @@ async fn a_burst_of_releases_after_client_kill_tells_held_from_taken_and_spares_
     assert_eq!(cluster.keys_everywhere("b*").unwrap(), 0);
 }
 
-// Regression: a forced release refused by dead connections (Resend::Never, Unsent) goes out
+// A forced release refused by dead connections (Resend::Never, Unsent) goes out
 // once on new connections: it frees every node and a holder who takes the lock right after
 // keeps it on every node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -173,7 +174,7 @@ async fn a_forced_release_over_closed_connections_runs_once_and_spares_the_next_
     next.release().await.unwrap();
 }
 
-// Regression: an extension after the nodes closed the client's connections succeeds (a
+// An extension after the nodes closed the client's connections succeeds (a
 // first send on new connections), and a release right after removes every key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_extension_after_client_kill_succeeds_and_the_release_removes_every_key() {
@@ -189,7 +190,7 @@ async fn an_extension_after_client_kill_succeeds_and_the_release_removes_every_k
     assert_eq!(cluster.count_key("e"), 0);
 }
 
-// Regression (exclusion and leftovers under resets): client A works through proxies that
+// Exclusion and leftovers under resets: client A works through proxies that
 // reset every connection at random moments; client B, direct, checks that it never gets a
 // key A holds (valid, not yet released), and at the end nothing of A's is left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -247,7 +248,7 @@ async fn random_resets_keep_exclusion_and_leave_nothing_behind() {
 
 // Releases to nodes that cannot be reached, counted in the log.
 
-/// Attack (connect timeouts are now `TimedOut`): a release to a node whose connection was
+/// A release to a node whose connection was
 /// reset and whose new connects hang (a blackhole: accepted, nothing answered) times out
 /// connecting, and is sent again with doubling pauses. It must stop once nothing it removes
 /// can exist (1 s lease): no retry loop beyond the hold's horizon, no spin.

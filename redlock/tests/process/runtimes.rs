@@ -3,11 +3,12 @@
 //! locks without any task panicking.
 
 use crate::common;
+use crate::common::runtimes::NODE_TIMEOUT;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-/// Attack 3: the undo had already gone out when its runtime ended (node 4 answers 150 ms
+/// The undo had already gone out when its runtime ended (node 4 answers 150 ms
 /// late each way, so the release is written, and its runtime gone, long before the
 /// answer). The re-sent one must still go (it is safe to repeat): it ends on node 4 (one
 /// logged end: the original, dropped, logs none), nothing is counted as failed, and
@@ -54,10 +55,10 @@ async fn an_undo_that_went_out_before_its_runtime_ended_is_sent_again() {
 
 static IO_DISABLED_PANICS: AtomicUsize = AtomicUsize::new(0);
 
-// FAILED on a8ad4bb (every run: one panic per node). Tokio offers no way to ask whether a
-// runtime has I/O without panicking, so with connections per runtime on (the default) the
-// first connect of such a runtime is a panic caught in a Tokio task ("IO is disabled"),
-// after which the client falls back to its own thread's connections
+// Tokio offers no way to ask whether a runtime has I/O without panicking, so with
+// connections per runtime on (the default) the first connect of such a runtime is a panic
+// caught in a Tokio task ("IO is disabled"), after which the client falls back to its own
+// thread's connections
 // (`connection::a_runtime_without_io_still_locks_through_the_clients_own_thread`); the
 // builder's docs say to turn them off for such a runtime, and with them off (here) nothing
 // panics.
@@ -90,5 +91,3 @@ fn a_runtime_without_io_locks_without_any_task_panicking() {
         "tasks panicked (tokio: IO is disabled) while locking on a runtime without I/O"
     );
 }
-
-const NODE_TIMEOUT: Duration = Duration::from_millis(200);

@@ -22,8 +22,8 @@ fn cpu_ticks() -> u64 {
     fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
 }
 
-/// (d) A waiter with no pause behind a live first waiter: its skipped ticks cost nothing,
-/// so it spins until `max_wait` (before, each tick was a round over the nodes).
+/// A waiter with no pause behind a live first waiter skips its ticks without a round over
+/// the nodes: it must still not spin, burning a core until `max_wait`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_with_no_pause_behind_a_live_first_one_does_not_spin() {
     let _serial = crate::serial();

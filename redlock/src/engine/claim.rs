@@ -50,6 +50,9 @@ pub(crate) struct Claim<P: Protocol> {
     generations: background::Generations,
     /// When the granting round started: the hold's duration counts from here.
     since: Instant,
+    /// The nodes where the granting round saw no grant (refused, or no answer by the
+    /// decision): a waiting writer's intent may be left there.
+    ungranted: background::Nodes,
 }
 
 impl<P: Protocol> Claim<P> {
@@ -134,6 +137,7 @@ impl<P: Protocol> Claim<P> {
             lost: false,
             generations: core.nodes.iter().map(|node| node.generation()).collect(),
             since: started_at,
+            ungranted: background::Nodes::new(),
         };
         let slots = Slots::new(n);
         let requests = round::Rest::new(
@@ -166,6 +170,10 @@ impl<P: Protocol> Claim<P> {
                     ),
                     Ok(fence) => {
                         claim.fence = fence;
+                        claim.ungranted = (round.outcomes.iter().enumerate())
+                            .filter(|(_, outcome)| **outcome != NodeOutcome::Ok)
+                            .map(|(i, _)| i)
+                            .collect();
                         claim.note_hold();
                         return Ok((claim, round));
                     }
@@ -569,6 +577,12 @@ impl<P: Protocol> Claim<P> {
     fn hold(&self) -> super::Abandoned {
         let id = self.proto.identity();
         super::Abandoned { token: id.token.as_str().into(), tombstone: (*id.tombstone).into() }
+    }
+
+    /// The nodes where the granting round saw no grant: refused there, or not answered by
+    /// the time the round was decided.
+    pub(crate) fn ungranted(&self) -> &[usize] {
+        &self.ungranted
     }
 
     pub(crate) fn proto(&self) -> &P {

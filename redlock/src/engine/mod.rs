@@ -162,8 +162,8 @@ pub(crate) struct Plan {
 
 /// Acquires per `plan`, with a fresh protocol value (a fresh token) from `attempt` for each
 /// attempt; `resource` names the lock in errors and logs. `withdrawal`, if any, goes to
-/// every node when a wait ends without the lock (given up, failed or cancelled), after
-/// everything the attempts left in flight there.
+/// every node when a wait ends without the lock (given up, failed or cancelled), and, when
+/// it ends with the lock, to the nodes where the grant was not seen (see [`GiveUp`]).
 pub(crate) async fn obtain<P, F>(
     core: &Arc<Core>,
     plan: &Plan,
@@ -191,8 +191,9 @@ where
         // In this client's line for the request, if it queues; left when the wait ends.
         let mut ticket = request.queues().then(|| core.lines.join(&request));
         let generations = core.nodes.iter().map(|node| node.generation()).collect();
+        let nodes = (0..core.nodes.len()).collect();
         let mut give_up =
-            GiveUp { core, keys, resource: resource.clone(), withdrawal, generations };
+            GiveUp { core, keys, resource: resource.clone(), withdrawal, nodes, generations };
         let mut next = Some(first);
         // Woken by the releases of the first key (a multi-resource lock's other keys are
         // found by the timer).
@@ -204,7 +205,14 @@ where
         if let Some(ticket) = ticket {
             ticket.granted(claim.proto().token(), claim.deadline());
         }
-        give_up.withdrawal = None;
+        // A node that refused the grant (a reader's release had not reached it yet) or
+        // had not answered it may keep the wait's intent, which would refuse readers there
+        // for its whole lifetime: it is withdrawn there (an attempt of the wait still on
+        // its way then records no intent, and the grant itself is not refused).
+        give_up.nodes = claim.ungranted().iter().copied().collect();
+        if give_up.nodes.is_empty() {
+            give_up.withdrawal = None;
+        }
         Ok(claim)
     }
     .await;
@@ -249,12 +257,16 @@ where
     result
 }
 
-/// Sends a wait's withdrawal when the wait ends without the lock, however it ends.
+/// Sends a wait's withdrawal (of a writer's intent) when the wait ends, however it ends:
+/// to every node when it ends without the lock, to the nodes where the grant was not seen
+/// when it ends with it.
 struct GiveUp<'a> {
     core: &'a Arc<Core>,
     keys: protocol::Keys,
     resource: Arc<str>,
     withdrawal: Option<Command>,
+    /// The nodes it goes to.
+    nodes: background::Nodes,
     /// Per node, the connection generation when the wait began (see `background`).
     generations: background::Generations,
 }
@@ -269,10 +281,12 @@ impl Drop for GiveUp<'_> {
         // lifetime.
         let n = core.nodes.len();
         let slots = slot::Slots::new(n);
-        let tracked = core.undos.track(&self.keys, None, undo::Sent::Everywhere(slots.clone()));
+        let nodes = std::mem::take(&mut self.nodes);
+        let sent = (0..n).map(|i| nodes.contains(&i).then(|| slots.get(i))).collect();
+        let tracked = core.undos.track(&self.keys, None, undo::Sent::Some(sent));
         let requests = round::Rest::new(
             &slots,
-            (0..n).map(|i| {
+            nodes.iter().map(|&i| {
                 let request = call::NodeCall {
                     node: i,
                     op: Op::Release,
@@ -299,7 +313,7 @@ impl Drop for GiveUp<'_> {
             resource: self.resource.clone(),
             generations: self.generations.clone(),
         };
-        let pending = (0..core.nodes.len()).collect();
+        let pending = nodes.clone();
         let taken = background::Taken::new();
         background::finish(undos, requests, pending, taken, Some(tracked), background::Place::Own);
     }

@@ -222,6 +222,32 @@ async fn a_waiting_writer_blocks_new_readers_and_is_woken_by_the_last_release() 
     rl.read("doc").once().await.unwrap().release().await.unwrap();
 }
 
+/// A node that refuses the granting attempt (there, a reader's release has not arrived yet)
+/// records the writer's intent; once granted, the writer takes it back there instead of
+/// leaving it to refuse readers on that node for the intent's lifetime (seconds here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_granted_writer_withdraws_its_intent_where_the_grant_did_not_land() {
+    let cluster = common::cluster(3);
+    // Another client's share, on the last node only (its value: its expiry, a minute on).
+    let last = &cluster.nodes()[2];
+    let mut con = last.connection().unwrap();
+    let (secs, _): (u64, u64) = redis::cmd("TIME").query(&mut con).unwrap();
+    let expiry = (secs + 60) * 1000;
+    let _: () = con.hset("doc", "r:another", expiry).unwrap();
+    let _: bool = con.pexpire("doc", 60_000).unwrap();
+
+    // Pauses of 2 s between attempts: its intent lives about 5 s.
+    let waiting = waiting_client(&cluster, Duration::from_secs(2), Duration::from_secs(5));
+    let lock = waiting.write("doc").await.unwrap();
+    let no_intent = || nodes_with_prefix(&cluster, "doc", "i:") == 0;
+    assert!(
+        common::eventually(Duration::from_secs(1), no_intent).await,
+        "the intent is gone from the node that refused the grant"
+    );
+    assert_eq!(nodes_with_field(&cluster, "doc", "r:another"), 1, "the other share stays");
+    lock.release().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_reader_is_woken_when_the_writer_releases_and_a_writer_giving_up_withdraws() {
     let cluster = common::cluster(3);

@@ -10,9 +10,11 @@
 //! per-node count of publications went up): before that, an attempt could not win. Of
 //! this client's waiters on the key, only the first in line is woken: several woken
 //! at once would split the nodes' votes (this client's own releases of an exclusive hold
-//! hand on to its next waiter directly: see `queue`). Notifications can be lost (a node
-//! down, a connection being re-opened, an expiry instead of a release), so waiters always
-//! keep a polling fallback.
+//! hand on to its next waiter directly: see `queue`). A waiter subscribes after its first
+//! refusal, so a release can come before its subscription: once the channel is subscribed on
+//! a quorum of nodes (again, after connections were lost), the first waiter is woken as if by
+//! a release, and attempts again. Notifications can still be lost (a node down, an expiry
+//! instead of a release), so waiters always keep a polling fallback.
 
 use crate::timing;
 use std::collections::{HashMap, VecDeque};
@@ -51,10 +53,12 @@ struct Registry {
     channels: HashMap<Arc<str>, Channel>,
 }
 
-/// One watched channel: publications per node, releases seen, and this client's waiters.
+/// One watched channel: publications per node, releases seen, the nodes where it is
+/// subscribed, and this client's waiters.
 struct Channel {
     counts: Vec<u64>,
     releases: u64,
+    subscribed: Vec<bool>,
     waiters: VecDeque<Arc<Waiter>>,
 }
 
@@ -78,7 +82,29 @@ enum Subscription {
 
 impl Channel {
     fn new(nodes: usize) -> Self {
-        Self { counts: vec![0; nodes], releases: 0, waiters: VecDeque::new() }
+        Self {
+            counts: vec![0; nodes],
+            releases: 0,
+            subscribed: vec![false; nodes],
+            waiters: VecDeque::new(),
+        }
+    }
+
+    /// Records that node `node` confirmed the subscription; `true` when that makes a quorum
+    /// of nodes subscribed: a release before that may have gone unseen.
+    fn subscribed(&mut self, node: usize, quorum: usize) -> bool {
+        let Some(flag) = self.subscribed.get_mut(node) else { return false };
+        if std::mem::replace(flag, true) {
+            return false;
+        }
+        self.subscribed.iter().filter(|&&on| on).count() == quorum
+    }
+
+    /// Records that node `node`'s subscription is gone (its connection broke).
+    fn unsubscribed(&mut self, node: usize) {
+        if let Some(flag) = self.subscribed.get_mut(node) {
+            *flag = false;
+        }
     }
 
     /// Counts a publication from node `node`; `true` when it completes a release on a quorum.
@@ -240,7 +266,12 @@ async fn subscriber(
 ) {
     let mut backoff = Backoff::default();
     loop {
-        let pause = match serve(node, &client, timeout, &registry, &mut commands).await {
+        let served = serve(node, &client, timeout, &registry, &mut commands).await;
+        // Whatever this connection subscribed is gone with it.
+        for watched in lock(&registry).channels.values_mut() {
+            watched.unsubscribed(node);
+        }
+        let pause = match served {
             Served::ClientGone => return,
             Served::Lost { was_up } => backoff.after(was_up),
         };
@@ -280,6 +311,20 @@ impl Backoff {
     }
 }
 
+/// Records that node `node` confirmed its subscription to `channel`, and wakes the first
+/// waiter when that completes a quorum of subscriptions: a release published before them was
+/// not seen.
+fn confirmed(registry: &Mutex<Registry>, node: usize, channel: &str) {
+    let mut registry = lock(registry);
+    let quorum = registry.quorum;
+    if let Some(watched) = registry.channels.get_mut(channel)
+        && watched.subscribed(node, quorum)
+        && let Some(first) = watched.waiters.front()
+    {
+        first.wake();
+    }
+}
+
 enum Served {
     ClientGone,
     Lost { was_up: bool },
@@ -302,6 +347,7 @@ async fn serve(
         if !matches!(tokio::time::timeout(timeout, sink.subscribe(&**channel)).await, Ok(Ok(()))) {
             return down;
         }
+        confirmed(registry, node, channel);
     }
     let lost = Served::Lost { was_up: true };
     loop {
@@ -310,7 +356,11 @@ async fn serve(
                 let done = match command {
                     None => return Served::ClientGone,
                     Some(Subscription::Subscribe(channel)) => {
-                        tokio::time::timeout(timeout, sink.subscribe(&*channel)).await
+                        let done = tokio::time::timeout(timeout, sink.subscribe(&*channel)).await;
+                        if matches!(done, Ok(Ok(()))) {
+                            confirmed(registry, node, &channel);
+                        }
+                        done
                     }
                     Some(Subscription::Unsubscribe(channel)) => {
                         tokio::time::timeout(timeout, sink.unsubscribe(&*channel)).await
@@ -360,5 +410,18 @@ mod tests {
         assert_eq!(pauses, [50, 100, 200, 400, 800, 1600, 2000, 2000]);
         assert_eq!(backoff.after(true), Duration::from_millis(50), "a node back: soon");
         assert_eq!(backoff.after(false), Duration::from_millis(100));
+    }
+
+    #[test]
+    fn a_channel_counts_as_subscribed_once_a_quorum_of_nodes_confirmed_it() {
+        let mut channel = Channel::new(3);
+        assert!(!channel.subscribed(0, 2));
+        assert!(!channel.subscribed(0, 2), "the same node again");
+        assert!(channel.subscribed(2, 2), "the second node completes a quorum");
+        assert!(!channel.subscribed(1, 2), "beyond the quorum");
+        channel.unsubscribed(1);
+        channel.unsubscribed(2);
+        assert!(channel.subscribed(2, 2), "a quorum again after a connection broke");
+        assert!(!channel.subscribed(7, 2), "a node outside the channel");
     }
 }

@@ -6,7 +6,7 @@ use std::future::IntoFuture;
 use std::time::{Duration, Instant};
 
 use redlock::{ErrorKind, Redlock, Retry};
-use redlock_testkit::Cluster;
+use redlock_testkit::{Cluster, FaultyCluster};
 
 /// A client whose polling is far too slow to explain a fast handoff.
 fn patient(cluster: &Cluster, poll: Duration, max_wait: Duration) -> Redlock {
@@ -58,6 +58,63 @@ async fn a_waiter_is_woken_by_the_release_not_by_its_poll() {
             .all(|&n| n == 0))
         .await
     );
+}
+
+/// How many scripts `node` ran by their digest so far (every acquisition attempt is one).
+fn scripts_run(node: &redlock_testkit::RedisNode) -> u64 {
+    let mut con = node.connection().unwrap();
+    let info: String = redis::cmd("INFO").arg("commandstats").query(&mut con).unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().unwrap())
+}
+
+/// A waiter subscribes after its first refusal; a release that comes before its
+/// subscription (here: while its refusal is still on its way over slow links) is not
+/// missed: once subscribed, it attempts again instead of sleeping its 5 s poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_before_the_waiters_subscription_still_wakes_it() {
+    let faulty = FaultyCluster::start(3).unwrap();
+    let cluster = faulty.cluster();
+    let holder = common::client(cluster);
+    let waiter = Redlock::builder()
+        .nodes(faulty.urls())
+        .node_timeout(Duration::from_secs(1))
+        .retry(
+            Retry::new()
+                .with_unbounded_attempts()
+                .with_delay(Duration::from_secs(5))
+                .with_jitter(Duration::ZERO)
+                .with_max_wait(Duration::from_secs(20)),
+        )
+        .build()
+        .unwrap();
+    waiter.connect().await.unwrap();
+    let lock = holder.try_lock("k").await.unwrap();
+    let before: Vec<u64> = cluster.nodes().iter().map(scripts_run).collect();
+    // 200 ms each way between the waiter and the nodes; the holder is not slowed.
+    for i in 0..faulty.len() {
+        faulty.proxy(i).set_fault(common::latency(200));
+    }
+    let waiting = tokio::spawn(async move {
+        let lock = waiter.lock("k").await.unwrap();
+        let granted_at = Instant::now();
+        lock.release().await.unwrap();
+        granted_at
+    });
+    // The waiter's first attempt ran on every node (refused): its answer needs 200 ms more
+    // to reach it, and its subscription several round trips after that.
+    let attempted = || {
+        let now = cluster.nodes().iter().map(scripts_run);
+        now.zip(&before).all(|(now, before)| now > *before)
+    };
+    assert!(common::eventually(Duration::from_secs(3), attempted).await);
+    let released_at = Instant::now();
+    lock.release().await.unwrap();
+    let granted_at = waiting.await.unwrap();
+    let gap = granted_at - released_at;
+    assert!(gap < Duration::from_secs(4), "granted {gap:?} after the release: by the 5 s poll");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

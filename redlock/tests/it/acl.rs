@@ -295,12 +295,19 @@ async fn workload(rl: &Redlock, other: &Redlock, cluster: &Cluster) -> Result<()
     let fenced = rl.lock("fenced").once().fenced().await.map_err(e("fenced"))?;
     fenced.release().await.map_err(e("fenced release"))?;
     let held = rl.try_lock("handoff").await.map_err(e("handoff"))?;
+    let scripts_before = scripts_run(cluster);
     let mut waiter = tokio::spawn({
         let rl = other.clone();
         async move { rl.lock("handoff").retry(Retry::new().with_delay(Duration::from_secs(20))).await }
     });
     let subscribed = common::eventually(Duration::from_secs(2), || {
         common::subscribers(cluster, "app:handoff").iter().all(|n| *n == 1)
+    })
+    .await;
+    // Once subscribed, the waiter attempts again (a release may have come before its
+    // subscription): only a wake-up after that one shows that the release was published.
+    let _ = common::eventually(Duration::from_secs(2), || {
+        scripts_run(cluster).iter().zip(&scripts_before).all(|(now, before)| *now >= before + 2)
     })
     .await;
     let before = pubsub_clients(cluster);
@@ -329,6 +336,25 @@ async fn workload(rl: &Redlock, other: &Redlock, cluster: &Cluster) -> Result<()
         return Err(format!("unsubscribing closed the connection: {before:?}"));
     }
     Ok(())
+}
+
+/// How many scripts each node ran so far (by digest or by body).
+fn scripts_run(cluster: &Cluster) -> Vec<u64> {
+    cluster
+        .nodes()
+        .iter()
+        .map(|node| {
+            let mut con = node.connection().unwrap();
+            let info: String = redis::cmd("INFO").arg("commandstats").query(&mut con).unwrap();
+            let calls = |name: &str| {
+                info.lines()
+                    .find_map(|line| line.strip_prefix(&format!("cmdstat_{name}:calls=")))
+                    .and_then(|rest| rest.split(',').next())
+                    .map_or(0, |calls| calls.parse::<u64>().unwrap())
+            };
+            calls("evalsha") + calls("eval")
+        })
+        .collect()
 }
 
 /// The ids of the pub/sub connections on each node.

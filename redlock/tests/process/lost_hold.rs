@@ -26,7 +26,7 @@ async fn a_reset_after_the_extension_ran_still_removes_its_renewed_key() {
     assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
     // Node 4 ran the extension; its reply is still in the proxy.
     assert!(
-        common::eventually(Duration::from_millis(400), || pttl(cluster, 4, "k") > 20_000).await
+        common::eventually(Duration::from_millis(1500), || pttl(cluster, 4, "k") > 20_000).await
     );
     faulty.proxy(4).set_fault(NetFault::Reset);
     tokio::time::sleep(Duration::from_millis(600)).await;

@@ -500,3 +500,69 @@ async fn other_lock_kinds_on_the_key_are_wrong_type_and_drop_releases() {
     assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("rw") == 0).await);
     assert_eq!(rl.read("").once().await.unwrap_err().kind(), ErrorKind::Config);
 }
+
+/// The SHA1 of the writer's acquisition script: what a proxy can pick its attempts out by.
+fn write_acquire_sha() -> String {
+    let source = concat!(
+        include_str!("../../src/lua/rw_fields.lua"),
+        include_str!("../../src/lua/create_guard.lua"),
+        include_str!("../../src/lua/hash_common.lua"),
+        include_str!("../../src/lua/rw_write_acquire.lua")
+    );
+    redis::Script::new(source).get_hash().to_owned()
+}
+
+/// A granted writer's withdrawal of its intent from a node whose granting attempt is still
+/// on its way (held back by that node's proxy) reaches the node first: the late grant still
+/// lands there and stays, no intent is left, and no reader gets in while the writer holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writers_grant_that_lands_after_its_withdrawal_stays_and_keeps_readers_out() {
+    let faulty = redlock_testkit::FaultyCluster::start(3).unwrap();
+    let cluster = faulty.cluster();
+    let retry = Retry::new()
+        .with_unbounded_attempts()
+        .with_delay(Duration::from_millis(300))
+        .with_jitter(Duration::from_millis(10))
+        .with_max_wait(Duration::from_secs(10));
+    let waiting = Arc::new(common::retrying(faulty.urls(), Duration::from_secs(2), retry));
+    common::warm(&waiting).await;
+    let reader = common::single_attempt(faulty.urls());
+    common::warm(&reader).await;
+    let share = reader.read("doc").ttl(Duration::from_secs(30)).await.unwrap();
+
+    let writer = tokio::spawn({
+        let waiting = waiting.clone();
+        async move { waiting.write("doc").ttl(Duration::from_secs(30)).await }
+    });
+    let intents = || nodes_with_prefix(cluster, "doc", "i:") == 3;
+    assert!(common::eventually(Duration::from_secs(5), intents).await, "the writer waits");
+    // The writer's next attempt is held back 700 ms on node 2 (its deadline is 2 s on).
+    let hold = Duration::from_millis(700);
+    faulty.proxy(2).hold_requests_containing(write_acquire_sha().as_bytes(), hold);
+    share.release().await.unwrap();
+    let lock =
+        tokio::time::timeout(Duration::from_secs(5), writer).await.unwrap().unwrap().unwrap();
+    let field = format!("w:{}", lock.token());
+    let on_node_2 = |field: &str| {
+        let mut con = cluster.node(2).connection().unwrap();
+        redis::cmd("HEXISTS").arg("doc").arg(field).query::<bool>(&mut con).unwrap()
+    };
+    assert!(!on_node_2(&field), "granted before node 2 ran the held attempt");
+    let withdrawn = || nodes_with_prefix(cluster, "doc", "i:") == 0;
+    assert!(common::eventually(hold / 2, withdrawn).await, "withdrawn before the grant lands");
+    assert!(!on_node_2(&field), "the withdrawal ran first on node 2");
+    let everywhere = || nodes_with_field(cluster, "doc", &field) == 3;
+    assert!(
+        common::eventually(Duration::from_secs(3), everywhere).await,
+        "the grant held back on node 2 lands there: on {} nodes",
+        nodes_with_field(cluster, "doc", &field)
+    );
+    faulty.proxy(2).release_holds();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(nodes_with_field(cluster, "doc", &field), 3, "the withdrawal took no grant");
+    assert_eq!(nodes_with_prefix(cluster, "doc", "i:"), 0, "no intent is left");
+    let refused = reader.read("doc").await;
+    assert!(refused.is_err(), "a reader got in while the writer holds every node");
+    lock.release().await.unwrap();
+    assert!(common::eventually(Duration::from_secs(2), || cluster.count_key("doc") == 0).await);
+}

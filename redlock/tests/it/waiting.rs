@@ -602,3 +602,56 @@ async fn by_default_lock_gives_up_once_one_ttl_of_its_lock_has_passed() {
     assert!(waited >= Duration::from_secs(1) && waited < Duration::from_secs(7), "{waited:?}");
     held.release().await.unwrap();
 }
+
+/// A waiter's subscription confirmed on a quorum of nodes does not yet hear every release:
+/// a hold on another quorum (here nodes 2-4, while its subscriptions to nodes 3 and 4 are
+/// still on their way) publishes its release where the waiter hears one node only. Once
+/// subscribed everywhere it attempts again, instead of sleeping its 8 s poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_on_nodes_not_yet_subscribed_still_wakes_the_waiter() {
+    let faulty = FaultyCluster::start(5).unwrap();
+    let cluster = faulty.cluster();
+    // Nodes 0 and 1 hold another client's value for good: the holder's lock lands on nodes
+    // 2-4 only, and the waiter's attempts are refused everywhere (no clean-up of its own
+    // publishes a release).
+    for i in [0, 1] {
+        common::run(cluster, i, &["SET", "k", "another", "PX", "60000"]);
+    }
+    let holder = common::client(cluster);
+    let lock = holder.try_lock("k").ttl(Duration::from_secs(30)).await.unwrap();
+    let waiter = Redlock::builder()
+        .nodes(faulty.urls())
+        .node_timeout(Duration::from_secs(1))
+        .connect_timeout(Duration::from_secs(3))
+        .retry(
+            Retry::new()
+                .with_unbounded_attempts()
+                .with_delay(Duration::from_secs(8))
+                .with_jitter(Duration::ZERO)
+                .with_max_wait(Duration::from_secs(20)),
+        )
+        .build()
+        .unwrap();
+    waiter.connect().await.unwrap();
+    // The waiter's subscriptions to nodes 3 and 4 arrive 1 s late (within the 3 s it gives
+    // a subscription).
+    for i in [3, 4] {
+        faulty.proxy(i).hold_requests_containing(b"SUBSCRIBE", Duration::from_secs(1));
+    }
+    let waiting = tokio::spawn(async move {
+        let lock = waiter.lock("k").await.unwrap();
+        let granted_at = Instant::now();
+        lock.release().await.unwrap();
+        granted_at
+    });
+    // Subscribed on nodes 0-2 (a quorum): its attempt that follows is refused too.
+    let subscribed = || common::subscribers(cluster, "k")[..3].iter().all(|&n| n == 1);
+    assert!(common::eventually(Duration::from_secs(3), subscribed).await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(common::subscribers(cluster, "k")[3..], [0, 0], "still on their way");
+    let released_at = Instant::now();
+    lock.release().await.unwrap();
+    let granted_at = waiting.await.unwrap();
+    let gap = granted_at - released_at;
+    assert!(gap < Duration::from_secs(5), "granted {gap:?} after the release: by the 8 s poll");
+}

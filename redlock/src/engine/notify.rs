@@ -13,8 +13,10 @@
 //! hand on to its next waiter directly: see `queue`). A waiter subscribes after its first
 //! refusal, so a release can come before its subscription: once the channel is subscribed on
 //! a quorum of nodes (again, after connections were lost), the first waiter is woken as if by
-//! a release, and attempts again. Notifications can still be lost (a node down, an expiry
-//! instead of a release), so waiters always keep a polling fallback.
+//! a release, and attempts again; and again each time one more node confirms it, since a
+//! release published on another quorum of nodes reached fewer than a quorum of
+//! subscriptions. Notifications can still be lost (a node down, an expiry instead of a
+//! release), so waiters always keep a polling fallback.
 
 use crate::timing;
 use std::collections::{HashMap, VecDeque};
@@ -90,14 +92,17 @@ impl Channel {
         }
     }
 
-    /// Records that node `node` confirmed the subscription; `true` when that makes a quorum
-    /// of nodes subscribed: a release before that may have gone unseen.
+    /// Records that node `node` confirmed the subscription; `true` when at least a quorum of
+    /// nodes are subscribed with it: a release before that may have gone unseen. Not only
+    /// at the quorum: a release published on another quorum of nodes (a hold that missed
+    /// some of the first ones) was heard on fewer than a quorum of them, so each node that
+    /// confirms later may complete what that release needed.
     fn subscribed(&mut self, node: usize, quorum: usize) -> bool {
         let Some(flag) = self.subscribed.get_mut(node) else { return false };
         if std::mem::replace(flag, true) {
             return false;
         }
-        self.subscribed.iter().filter(|&&on| on).count() == quorum
+        self.subscribed.iter().filter(|&&on| on).count() >= quorum
     }
 
     /// Records that node `node`'s subscription is gone (its connection broke).
@@ -312,8 +317,8 @@ impl Backoff {
 }
 
 /// Records that node `node` confirmed its subscription to `channel`, and wakes the first
-/// waiter when that completes a quorum of subscriptions: a release published before them was
-/// not seen.
+/// waiter when at least a quorum of nodes are subscribed with it: a release published
+/// before them may not have been heard on a quorum.
 fn confirmed(registry: &Mutex<Registry>, node: usize, channel: &str) {
     let mut registry = lock(registry);
     let quorum = registry.quorum;
@@ -413,12 +418,13 @@ mod tests {
     }
 
     #[test]
-    fn a_channel_counts_as_subscribed_once_a_quorum_of_nodes_confirmed_it() {
+    fn a_channel_is_subscribed_enough_at_a_quorum_of_nodes_and_with_each_node_after() {
         let mut channel = Channel::new(3);
         assert!(!channel.subscribed(0, 2));
         assert!(!channel.subscribed(0, 2), "the same node again");
         assert!(channel.subscribed(2, 2), "the second node completes a quorum");
-        assert!(!channel.subscribed(1, 2), "beyond the quorum");
+        assert!(channel.subscribed(1, 2), "beyond the quorum: a release on nodes 1-2 was unheard");
+        assert!(!channel.subscribed(1, 2), "the same node again");
         channel.unsubscribed(1);
         channel.unsubscribed(2);
         assert!(channel.subscribed(2, 2), "a quorum again after a connection broke");

@@ -154,3 +154,17 @@ fn a_lock_dropped_before_its_runtimes_workers_all_block_is_released_at_once() {
         assert_eq!(left, 0, "left on the nodes while the runtime's workers were blocked");
     });
 }
+
+/// A lock granted before a shutdown is the caller's to release as usual: dropped after the
+/// shutdown returned, it is still released at once, not left for its lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_dropped_after_shutdown_is_still_released() {
+    let cluster = common::cluster(3);
+    let rl = common::client(&cluster);
+    let lock = rl.try_lock("k").ttl(Duration::from_secs(30)).await.unwrap();
+    assert!(common::eventually(Duration::from_secs(2), || cluster.count_key("k") == 3).await);
+    rl.shutdown(Duration::from_secs(2)).await.unwrap();
+    drop(lock);
+    let gone = common::eventually(Duration::from_secs(5), || cluster.count_key("k") == 0).await;
+    assert!(gone, "released long before its 30 s lease: {} nodes keep it", cluster.count_key("k"));
+}

@@ -448,16 +448,27 @@ async fn refused_attempts_leave_nothing(kind: Kind, wake: Wake) {
             cluster.node_mut(4).start_again().unwrap();
         }
     }
-    // Settle: node 4 works through its queue, the background clean-ups retry.
+    // Settle: node 4 works through its queue, the background clean-ups retry (their pauses
+    // double up to a second, so on a loaded machine this may take a few seconds; a create
+    // that landed late would hold its key for the 10 s lease, well past this wait).
+    let expected = |i: usize, before: &String| match (i, wake) {
+        (4, Wake::KillAndStart) => "none".to_string(),
+        _ => before.clone(),
+    };
+    let settled = || {
+        kind.keys().iter().zip(&before).all(|(key, before)| {
+            before
+                .iter()
+                .enumerate()
+                .all(|(i, before)| state(&cluster, i, key) == expected(i, before))
+        })
+    };
     tokio::time::sleep(Duration::from_millis(1500)).await;
+    common::eventually(Duration::from_millis(3500), settled).await;
     for (key, before) in kind.keys().iter().zip(&before) {
         for (i, before) in before.iter().enumerate() {
             let now = state(&cluster, i, key);
-            let expected = match (i, wake) {
-                (4, Wake::KillAndStart) => "none".to_string(),
-                _ => before.clone(),
-            };
-            assert_eq!(now, expected, "{kind:?}/{wake:?}: node {i}, key {key}");
+            assert_eq!(now, expected(i, before), "{kind:?}/{wake:?}: node {i}, key {key}");
         }
     }
     if let Wake::KillAndStart = wake {

@@ -87,3 +87,16 @@ pub(crate) const CLOCK_MIN_ERROR: Duration = Duration::from_millis(1);
 /// What a create's deadline is given on a node whose clock was never read (its `TIME`
 /// refused): none (0), and this much error for the client's own bounds.
 pub(crate) const UNREAD_CLOCK_ERROR: Duration = Duration::from_secs(1);
+
+/// The latest a create goes out after its round starts: a connect timeout, then a node
+/// timeout (`NodeCall::send` refuses to send it later; the horizon counts on it).
+pub(crate) fn sent_within(connect_timeout: Duration, node_timeout: Duration) -> Duration {
+    connect_timeout + node_timeout
+}
+
+/// The latest a create is stamped with its deadline after its round starts: sent within
+/// [`sent_within`], and stamped anew at most one more node timeout later (a send again on a
+/// new connection). What the horizon and a writer's intent tombstone count from.
+pub(crate) fn stamped_within(connect_timeout: Duration, node_timeout: Duration) -> Duration {
+    sent_within(connect_timeout, node_timeout) + node_timeout
+}

@@ -66,7 +66,7 @@ impl NodeCall {
         // caller's runtime may sit idle or blocked with it in flight): what the claim's
         // horizon counts on (a connect timeout, then a node timeout for a send again on a
         // new connection). Past it the create is not sent, so it cannot outlive its undo.
-        let by = crate::clock::now() + core.config.connect_timeout + timeout;
+        let by = crate::clock::now() + timing::sent_within(core.config.connect_timeout, timeout);
         // Made before the future: a request dropped before its first poll settles too.
         let settle = SettleOnDrop::new(slot);
         async move {

@@ -14,6 +14,7 @@ use crate::config::Ttl;
 use crate::error::{Error, ErrorKind, NodeOutcome, Result};
 use crate::quorum::{self, Settled};
 use crate::telemetry;
+use crate::timing;
 
 use super::Core;
 use super::background::{self, Place};
@@ -669,7 +670,7 @@ fn horizon(
     late_by: Duration,
     ttl: Ttl,
 ) -> Instant {
-    expires_by + connect_timeout + node_timeout * 2 + late_by + ttl.drift()
+    expires_by + timing::stamped_within(connect_timeout, node_timeout) + late_by + ttl.drift()
 }
 
 impl<P: Protocol> Drop for Claim<P> {

@@ -59,8 +59,8 @@ impl Intent {
         // An attempt goes out within a connect timeout, is stamped at most two node
         // timeouts later (with a re-send), plus its clock's error (at most a second while
         // a node's clock is unread).
-        let withdrawn = (config.connect_timeout + config.node_timeout * 2)
-            .saturating_add(crate::timing::UNREAD_CLOCK_ERROR);
+        let withdrawn = timing::stamped_within(config.connect_timeout, config.node_timeout)
+            .saturating_add(timing::UNREAD_CLOCK_ERROR);
         Self {
             field,
             ms: u64::try_from(ms).unwrap_or(u64::MAX),

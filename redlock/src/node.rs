@@ -468,25 +468,36 @@ impl Node {
     /// than twice that (a node left idle) first, so that no deadline carries the error of
     /// a stale reading.
     pub(crate) async fn deadline(&self, within: Duration) -> u64 {
+        if let Some(deadline) = self.known_deadline(within, crate::clock::now()) {
+            return deadline;
+        }
+        // Stale, or never read (its `TIME` was refused): read it first, at most once per
+        // resync period while it keeps failing.
         let reading = *lock_ignoring_poison(&self.clock);
-        let age = reading.map(|clock| crate::clock::now().saturating_duration_since(clock.at));
-        let clock = match (reading, age.map(Freshness::of)) {
-            (Some(clock), Some(Freshness::Fresh)) => clock,
-            (Some(clock), Some(Freshness::Aging)) => {
-                self.read_clock_again();
-                clock
-            }
-            // Stale, or never read (its `TIME` was refused): read it first, at most once
-            // per resync period while it keeps failing.
-            _ => match self.read_clock_now(within).await {
-                Some(fresh) => fresh,
-                None => match reading {
-                    Some(clock) => clock,
-                    None => return 0,
-                },
+        let clock = match self.read_clock_now(within).await {
+            Some(fresh) => fresh,
+            None => match reading {
+                Some(clock) => clock,
+                None => return 0,
             },
         };
-        let now = crate::clock::now();
+        self.deadline_on(clock, within, crate::clock::now())
+    }
+
+    /// [`Node::deadline`] at `now` without waiting: from the reading of the node's clock
+    /// as it stands, when fresh enough (an aging one is taken again in the background);
+    /// `None` when it must be read first.
+    fn known_deadline(&self, within: Duration, now: Instant) -> Option<u64> {
+        let clock = (*lock_ignoring_poison(&self.clock))?;
+        match Freshness::of(now.saturating_duration_since(clock.at)) {
+            Freshness::Fresh => {}
+            Freshness::Aging => self.read_clock_again(),
+            Freshness::Stale => return None,
+        }
+        Some(self.deadline_on(clock, within, now))
+    }
+
+    fn deadline_on(&self, clock: NodeClock, within: Duration, now: Instant) -> u64 {
         let error = clock.error(now);
         self.widest_error.fetch_max(duration_us(error), Ordering::Relaxed);
         let elapsed = now.saturating_duration_since(clock.at) + within + error;
@@ -621,7 +632,7 @@ impl Node {
 
     /// Records at `now` whether the node answered a round in time.
     pub(crate) fn set_late(&self, late: bool, now: Instant) {
-        self.mark(&self.late_until, late, now);
+        self.mark(&self.late_until, late.then_some(now));
     }
 
     /// Whether a request to the node timed out less than [`timing::LATE_FOR`] before `now`, and the
@@ -633,7 +644,8 @@ impl Node {
     /// Records how a request to the node ended: it timed out (`true`), or the node answered
     /// it, whatever the answer.
     pub(crate) fn set_hung(&self, timed_out: bool) {
-        self.mark(&self.hung_until, timed_out, crate::clock::now());
+        // Every answer lands here: clearing reads no clock.
+        self.mark(&self.hung_until, timed_out.then(crate::clock::now));
     }
 
     /// Whether the mark `until` (nanoseconds from `epoch`, 0 when unset) holds at `now`.
@@ -642,10 +654,10 @@ impl Node {
         until != 0 && self.nanos(now) < until
     }
 
-    /// Sets the mark `until` at `now` for [`timing::LATE_FOR`], or clears it (cleared only on a
-    /// change: every round or request of every task reads it).
-    fn mark(&self, until: &AtomicU64, set: bool, now: Instant) {
-        if set {
+    /// Sets the mark `until` for [`timing::LATE_FOR`] from `set_at`, or clears it (`None`;
+    /// cleared only on a change: every round or request of every task reads it).
+    fn mark(&self, until: &AtomicU64, set_at: Option<Instant>) {
+        if let Some(now) = set_at {
             until.store(self.nanos(now + timing::LATE_FOR).max(1), Ordering::Relaxed);
         } else if until.load(Ordering::Relaxed) != 0 {
             until.store(0, Ordering::Relaxed);
@@ -724,8 +736,12 @@ impl Node {
         bound: Option<(Duration, Instant)>,
     ) -> Result<Cow<'a, Cmd>, Failure> {
         let Some((within, by)) = bound else { return Ok(Cow::Borrowed(cmd)) };
-        let deadline = Box::pin(self.deadline(within)).await;
-        if crate::clock::now() > by {
+        let now = crate::clock::now();
+        let (deadline, now) = match self.known_deadline(within, now) {
+            Some(deadline) => (deadline, now),
+            None => (Box::pin(self.deadline(within)).await, crate::clock::now()),
+        };
+        if now > by {
             let message = "LATE the request was due to go out earlier: not sent";
             return Err(Failure::Server { code: "LATE".into(), message: message.into() });
         }

@@ -213,8 +213,10 @@ where
         // there), would refuse readers where it is for its whole lifetime: it is withdrawn
         // now (an attempt of the wait still on its way then records no intent, and the
         // grant itself is not refused). Granted at the first attempt, it can be only where
-        // that attempt saw no grant (refused, or no answer by the decision); after a failed
-        // attempt, anywhere.
+        // that attempt saw no grant (refused, or no answer by the decision), which spares an
+        // uncontended writer a round; after a failed attempt, anywhere. (A node that refused
+        // a first send and granted its re-send keeps it until the release removes it or it
+        // expires, refusing no one the grant does not.)
         if attempts > 1 {
             give_up.nodes = (0..core.nodes.len()).collect();
         } else {

@@ -162,8 +162,9 @@ pub(crate) struct Plan {
 
 /// Acquires per `plan`, with a fresh protocol value (a fresh token) from `attempt` for each
 /// attempt; `resource` names the lock in errors and logs. `withdrawal`, if any, goes to
-/// every node when a wait ends without the lock (given up, failed or cancelled), and, when
-/// it ends with the lock, to the nodes where the grant was not seen (see [`GiveUp`]).
+/// every node when a wait ends, with or without the lock (given up, failed or cancelled),
+/// but only to the nodes where the grant was not seen when the first attempt was granted
+/// (see [`GiveUp`]).
 pub(crate) async fn obtain<P, F>(
     core: &Arc<Core>,
     plan: &Plan,
@@ -195,9 +196,11 @@ where
         let mut give_up =
             GiveUp { core, keys, resource: resource.clone(), withdrawal, nodes, generations };
         let mut next = Some(first);
+        let mut attempts = 0u32;
         // Woken by the releases of the first key (a multi-resource lock's other keys are
         // found by the timer).
         let claim = wait::until_acquired(core, retry, &request, ticket.as_mut(), &resource, || {
+            attempts = attempts.saturating_add(1);
             let proto = next.take().unwrap_or_else(&mut attempt);
             Claim::acquire(core, proto, ttl, resource.clone(), fenced)
         })
@@ -205,11 +208,20 @@ where
         if let Some(ticket) = ticket {
             ticket.granted(claim.proto().token(), claim.deadline());
         }
-        // A node that refused the grant (a reader's release had not reached it yet) or
-        // had not answered it may keep the wait's intent, which would refuse readers there
-        // for its whole lifetime: it is withdrawn there (an attempt of the wait still on
-        // its way then records no intent, and the grant itself is not refused).
-        give_up.nodes = claim.ungranted().iter().copied().collect();
+        // The wait's intent, recorded by refusals and kept by grants (a grant of an
+        // attempt that fails is cleaned up, and the wait must still hold readers back
+        // there), would refuse readers where it is for its whole lifetime: it is withdrawn
+        // now (an attempt of the wait still on its way then records no intent, and the
+        // grant itself is not refused). Granted at the first attempt, it can be only where
+        // that attempt saw no grant (refused, or no answer by the decision), which spares an
+        // uncontended writer a round; after a failed attempt, anywhere. (A node that refused
+        // a first send and granted its re-send keeps it until the release removes it or it
+        // expires, refusing no one the grant does not.)
+        if attempts > 1 {
+            give_up.nodes = (0..core.nodes.len()).collect();
+        } else {
+            give_up.nodes = claim.ungranted().iter().copied().collect();
+        }
         if give_up.nodes.is_empty() {
             give_up.withdrawal = None;
         }
@@ -258,8 +270,8 @@ where
 }
 
 /// Sends a wait's withdrawal (of a writer's intent) when the wait ends, however it ends:
-/// to every node when it ends without the lock, to the nodes where the grant was not seen
-/// when it ends with it.
+/// to every node, or, when its first attempt was granted, to the nodes where that grant
+/// was not seen.
 struct GiveUp<'a> {
     core: &'a Arc<Core>,
     keys: protocol::Keys,

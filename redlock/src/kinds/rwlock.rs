@@ -136,8 +136,6 @@ impl Protocol for Share {
         let keep = Arg::Bytes(keep.as_bytes());
         let intent_ms = self.intent.as_ref().map_or(0, |intent| intent.ms).to_string();
         let intent = self.intent.as_ref().map_or(&b""[..], |intent| intent.field.as_bytes());
-        let withdrawn_ms = self.intent.as_ref().map_or(1, |intent| intent.withdrawn_ms).to_string();
-        let withdrawn = Arg::Bytes(withdrawn_ms.as_bytes());
         let (field, ms, intent) =
             (Arg::Bytes(field), Arg::Bytes(ms.as_bytes()), Arg::Bytes(intent));
         let channel = Arg::ReleaseChannel(keys[0]);
@@ -145,7 +143,7 @@ impl Protocol for Share {
             (Op::Acquire, Mode::Read) => (&command::RW_READ_ACQUIRE, vec![field, ms]),
             (Op::Acquire, Mode::Write) => (
                 &command::RW_WRITE_ACQUIRE,
-                vec![field, ms, intent, Arg::Bytes(intent_ms.as_bytes()), withdrawn],
+                vec![field, ms, intent, Arg::Bytes(intent_ms.as_bytes())],
             ),
             (Op::Extend, _) => (&command::RW_EXTEND, vec![field, ms]),
             // Given up for good: the intent goes too (where it lingers, on the nodes that

@@ -2,12 +2,16 @@
 -- KEYS[1] = the lock key, KEYS[2] = our intent's tombstone (when we have an intent), then
 -- the abandoned tokens' tombstones, then ours; ARGV[1] = our field ('w:<token>'),
 -- ARGV[2] = the lease in milliseconds, ARGV[3] = our intent field ('i:<id>', or '' for
--- none), ARGV[4] = the intent's lifetime in milliseconds, ARGV[5] = how long the intent's
--- tombstone lives, then the client's abandoned tokens, then the deadline.
--- Returns 1 when granted (our intent, fulfilled, is removed, and its tombstone left so that
--- a refused attempt of the same wait that reaches the node later records it no more), -1
--- when held by readers or another writer: then our intent is recorded (or renewed), which
--- blocks new readers.
+-- none), ARGV[4] = the intent's lifetime in milliseconds, then the client's abandoned
+-- tokens, then the deadline.
+-- Returns 1 when granted, -1 when held by readers or another writer: then our intent is
+-- recorded (or renewed), which blocks new readers.
+-- The intent belongs to the wait, not to this attempt: a grant here leaves it in place
+-- (renewed, where an earlier refusal recorded it), since the attempt may still fail on the
+-- quorum and be cleaned up here, and the wait goes on. The wait withdraws it from every
+-- node when it ends (hash_release.lua), granted or not; that withdrawal leaves the intent's
+-- tombstone, KEYS[2], so an attempt of the wait that reaches the node later records it no
+-- more.
 -- A key of another type raises WRONGTYPE: never touched.
 
 local intent = ARGV[3]
@@ -16,7 +20,7 @@ local intent = ARGV[3]
 if intent ~= '' and redis.call('GET', KEYS[2]) then
   intent = ''
 end
-forget(abandoned_from(6), ARGV[2])
+forget(abandoned_from(5), ARGV[2])
 if conflicting(ARGV[1]) then
   if intent ~= '' then
     hold(intent, ARGV[4])
@@ -24,12 +28,8 @@ if conflicting(ARGV[1]) then
   end
   return -1
 end
-if ARGV[3] ~= '' then
-  if live[ARGV[3]] ~= nil then
-    live[ARGV[3]] = nil
-    redis.call('HDEL', key, ARGV[3])
-  end
-  redis.call('SET', KEYS[2], '1', 'PX', ARGV[5])
+if intent ~= '' and live[intent] ~= nil then
+  hold(intent, ARGV[4])
 end
 hold(ARGV[1], ARGV[2])
 settle()

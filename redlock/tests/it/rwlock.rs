@@ -248,6 +248,85 @@ async fn a_granted_writer_withdraws_its_intent_where_the_grant_did_not_land() {
     lock.release().await.unwrap();
 }
 
+/// A waiting writer's attempt granted on one node but refused on a quorum fails, and its
+/// grant there is cleaned up: the wait's intent, recorded on that node by an earlier
+/// refusal, stays there for the rest of the wait (before, the grant removed it and forbade
+/// the wait to record it again, so readers slipped in there for the rest of the wait, and
+/// partial grants on different nodes could open a quorum to a stream of readers). The wait
+/// withdraws it from every node once granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_writers_intent_stays_where_a_failed_attempt_was_granted_and_cleaned_up() {
+    let cluster = common::cluster(3);
+    // Another client's share on every node (its value: its expiry, a minute on).
+    let share = |i: usize, present: bool| {
+        let mut con = cluster.node(i).connection().unwrap();
+        if present {
+            let (secs, _): (u64, u64) = redis::cmd("TIME").query(&mut con).unwrap();
+            let _: () = con.hset("doc", "r:another", (secs + 60) * 1000).unwrap();
+            let _: bool = con.pexpire("doc", 60_000).unwrap();
+        } else {
+            let _: i64 = con.hdel("doc", "r:another").unwrap();
+        }
+    };
+    (0..3).for_each(|i| share(i, true));
+    // Attempts about a second apart: its intent lives about 2.8 s, renewed by each.
+    let waiting = waiting_client(&cluster, Duration::from_secs(1), Duration::from_secs(20));
+    let writer = tokio::spawn({
+        let waiting = waiting.clone();
+        async move { waiting.write("doc").await }
+    });
+    let everywhere = || nodes_with_prefix(&cluster, "doc", "i:") == 3;
+    assert!(common::eventually(Duration::from_secs(5), everywhere).await, "the writer waits");
+
+    // Node 0 alone is free: the next attempts are granted there, refused on nodes 1-2, and
+    // their grant on node 0 is cleaned up (its tombstone says a hold was removed).
+    share(0, false);
+    let mut node_0 = cluster.node(0).connection().unwrap();
+    let mut cleaned_up = || {
+        let tombstones: Vec<String> = con_keys(&mut node_0, "doc:undone:*");
+        tombstones.iter().filter(|key| !key.contains(":i:")).any(|key| {
+            let value: Option<String> = node_0.get(key).unwrap();
+            value.as_deref() == Some("1")
+        })
+    };
+    assert!(
+        common::eventually(Duration::from_secs(10), &mut cleaned_up).await,
+        "an attempt granted on node 0 failed and was cleaned up there"
+    );
+    assert!(!writer.is_finished(), "the writer still waits");
+    let fields = |i: usize| cluster.hash_fields("doc").unwrap()[i].clone().unwrap_or_default();
+    assert!(
+        fields(0).keys().any(|field| field.starts_with("i:")),
+        "the wait's intent is gone from node 0: {:?}",
+        fields(0)
+    );
+    // A reader that needs node 0 alone is refused there (by the intent, or by the grant of
+    // an attempt in progress).
+    let node_0_only =
+        common::builder_for(vec![cluster.urls()[0].clone()], Duration::from_millis(200))
+            .build()
+            .unwrap();
+    let refused = node_0_only.read("doc").once().await;
+    assert!(refused.is_err(), "a reader got node 0 while the writer waits");
+
+    // Granted once the other share goes: the intent is withdrawn from every node.
+    (1..3).for_each(|i| share(i, false));
+    let lock =
+        tokio::time::timeout(Duration::from_secs(10), writer).await.unwrap().unwrap().unwrap();
+    let withdrawn = || nodes_with_prefix(&cluster, "doc", "i:") == 0;
+    assert!(
+        common::eventually(Duration::from_secs(2), withdrawn).await,
+        "an intent stayed after the grant: {:?}",
+        cluster.hash_fields("doc").unwrap()
+    );
+    lock.release().await.unwrap();
+}
+
+/// The keys of the node matching `pattern`.
+fn con_keys(con: &mut redis::Connection, pattern: &str) -> Vec<String> {
+    redis::cmd("KEYS").arg(pattern).query(con).unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_reader_is_woken_when_the_writer_releases_and_a_writer_giving_up_withdraws() {
     let cluster = common::cluster(3);

@@ -126,10 +126,8 @@ impl Command {
                 // The same keys and arguments, after the script's hash.
                 let mut eval = redis::cmd("EVAL");
                 eval.arg(script.source);
-                for arg in evalsha.args_iter().skip(2) {
-                    if let redis::Arg::Simple(bytes) = arg {
-                        eval.arg(bytes);
-                    }
+                for bytes in simple_args(evalsha).skip(2) {
+                    eval.arg(bytes);
                 }
                 Some(eval)
             }
@@ -155,6 +153,28 @@ impl Command {
 }
 
 /// One argument of a script, written straight into the command.
+/// `cmd` with `last` after its arguments, made at its final size: every create gets its own
+/// deadline this way, on every node (a clone of the shared command would grow both of its
+/// buffers once more).
+pub(crate) fn with_last_arg(cmd: &Cmd, last: u64) -> Cmd {
+    let (count, size) =
+        simple_args(cmd).fold((0, 0), |(count, size), bytes| (count + 1, size + bytes.len()));
+    let mut with = Cmd::with_capacity(count + 1, size + 20);
+    for bytes in simple_args(cmd) {
+        with.arg(bytes);
+    }
+    with.arg(last);
+    with
+}
+
+/// The arguments of `cmd` (the library's commands have no cursor argument).
+fn simple_args(cmd: &Cmd) -> impl Iterator<Item = &[u8]> {
+    cmd.args_iter().filter_map(|arg| match arg {
+        redis::Arg::Simple(bytes) => Some(bytes),
+        _ => None,
+    })
+}
+
 pub(crate) trait ScriptArg {
     /// Its length in bytes.
     fn size(&self) -> usize;

@@ -745,9 +745,7 @@ impl Node {
             let message = "LATE the request was due to go out earlier: not sent";
             return Err(Failure::Server { code: "LATE".into(), message: message.into() });
         }
-        let mut cmd = cmd.clone();
-        cmd.arg(deadline);
-        Ok(Cow::Owned(cmd))
+        Ok(Cow::Owned(command::with_last_arg(cmd, deadline)))
     }
 
     async fn send_cmd(

@@ -61,6 +61,11 @@ fn on_boot_scale() -> Option<Instant> {
     if cfg!(test) {
         return None;
     }
+    boot_scale()
+}
+
+/// [`on_boot_scale`] whatever the build: what its unit tests read on the real clocks.
+fn boot_scale() -> Option<Instant> {
     let origin = origin()?;
     let boot = boot_time()?;
     let injected = Duration::from_nanos(INJECTED.load(Ordering::Relaxed));
@@ -299,6 +304,26 @@ mod tests {
         }
         let (std_before, lease) = (Instant::now(), now());
         assert!(lease >= std_before, "the lease clock is never behind Instant");
+    }
+
+    /// The reading every lease is counted on outside unit tests (which count on Tokio's
+    /// clock instead): it never runs back, is never behind `Instant` (a validity counted
+    /// on it errs short), and what it reads, handed to a user, is never later than the
+    /// `Instant` it stands for (a user's `deadline()` is never past the true expiry).
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    #[test]
+    fn the_boot_clock_reading_never_runs_back_nor_behind_instant_nor_late_for_the_user() {
+        let mut last = boot_scale().unwrap();
+        for _ in 0..10_000 {
+            let before = Instant::now();
+            let next = boot_scale().unwrap();
+            assert!(next >= last, "ran back by {:?}", last - next);
+            assert!(next >= before, "behind Instant by {:?}", before - next);
+            let handed_out = on_std(next);
+            let after = Instant::now();
+            assert!(handed_out <= after, "late for the user by {:?}", handed_out - after);
+            last = next;
+        }
     }
 
     #[test]

@@ -645,3 +645,181 @@ async fn a_writers_grant_that_lands_after_its_withdrawal_stays_and_keeps_readers
     lock.release().await.unwrap();
     assert!(common::eventually(Duration::from_secs(2), || cluster.count_key("doc") == 0).await);
 }
+
+/// Four reader clients keep overlapping shares back to back over five nodes, each client
+/// behind its own jittery links that also lose replies (re-sent requests): a waiting writer
+/// still gets in within a few seconds, wait after wait, no write overlaps any share, and
+/// once every wait has ended no writer's intent is left to refuse readers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_gets_in_wait_after_wait_past_readers_on_lossy_jittery_links_to_five_nodes() {
+    use redlock_testkit::{FaultyCluster, Fuzz, NodeConfig};
+
+    const READERS: usize = 4;
+    let faulty = FaultyCluster::start_for_clients(5, READERS + 1, NodeConfig::new()).unwrap();
+    let seed = Fuzz::seed_from_env_or_random();
+    println!("seed {seed}");
+    let retry = |delay: u64, max_wait: Duration| {
+        Retry::new()
+            .with_unbounded_attempts()
+            .with_delay(Duration::from_millis(delay))
+            .with_jitter(Duration::from_millis(10))
+            .with_max_wait(max_wait)
+    };
+    let clients: Vec<Redlock> = (0..=READERS)
+        .map(|c| {
+            let max_wait = Duration::from_secs(if c == READERS { 8 } else { 30 });
+            let delay = if c == READERS { 20 } else { 5 };
+            common::retrying(faulty.urls_for(c), Duration::from_millis(100), retry(delay, max_wait))
+        })
+        .collect();
+    for rl in &clients {
+        common::warm(rl).await;
+    }
+    for c in 0..=READERS {
+        let fuzz = Fuzz::new(seed.wrapping_add(c as u64))
+            .with_max_delay(Duration::from_millis(8))
+            .with_drop_reply(0.02);
+        faulty.fuzz_client(c, fuzz);
+    }
+    let history = History::new();
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..READERS)
+        .map(|c| {
+            let (rl, history, stop) = (clients[c].clone(), history.clone(), stop.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(15 * c as u64)).await;
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok(lock) = rl.read("doc").await else { continue };
+                    let now = Instant::now();
+                    let id = history.record(Grant::shared(c, lock.token(), now, lock.deadline()));
+                    tokio::time::sleep(Duration::from_millis(60)).await;
+                    history.released(id, Instant::now());
+                    let _ = lock.release().await;
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let writer = &clients[READERS];
+    let mut waits = Vec::new();
+    for _ in 0..4 {
+        let started = Instant::now();
+        let lock = writer.write("doc").await;
+        let waited = started.elapsed();
+        let lock = lock.unwrap_or_else(|err| panic!("starved for {waited:?} (seed {seed}): {err}"));
+        let now = Instant::now();
+        let id = history.record(Grant::new(READERS, lock.token(), now, lock.deadline()));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        history.released(id, Instant::now());
+        let _ = lock.release().await;
+        waits.push(waited);
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for reader in readers {
+        reader.await.unwrap();
+    }
+    println!("writer waits: {waits:?}");
+    assert!(waits.iter().all(|w| *w < Duration::from_secs(5)), "waits {waits:?} (seed {seed})");
+    let violations = history.violations();
+    assert!(violations.is_empty(), "seed {seed}: {}", violations[0]);
+    let cluster = faulty.cluster();
+    let no_intent = || nodes_with_prefix(cluster, "doc", "i:") == 0;
+    assert!(
+        common::eventually(Duration::from_secs(2), no_intent).await,
+        "an intent outlived its wait: {:?}",
+        cluster.hash_fields("doc").unwrap()
+    );
+}
+
+/// A writer granted after failed attempts, while its attempts to one node are held back
+/// there by the network (that node still has another client's share): the wait's
+/// withdrawal goes to that node too, and the held attempts that land after it record the
+/// intent no more, so no intent is left there for readers to run into.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_back_attempts_of_a_writer_granted_after_failed_attempts_leave_no_intent() {
+    let faulty = redlock_testkit::FaultyCluster::start(3).unwrap();
+    let cluster = faulty.cluster();
+    let share = |i: usize, present: bool| {
+        let mut con = cluster.node(i).connection().unwrap();
+        if present {
+            let (secs, _): (u64, u64) = redis::cmd("TIME").query(&mut con).unwrap();
+            let _: () = con.hset("doc", "r:another", (secs + 60) * 1000).unwrap();
+            let _: bool = con.pexpire("doc", 60_000).unwrap();
+        } else {
+            let _: i64 = con.hdel("doc", "r:another").unwrap();
+        }
+    };
+    (0..3).for_each(|i| share(i, true));
+    // Attempts 300 ms apart: its intent lives about 9 s (node timeout 2 s).
+    let retry = Retry::new()
+        .with_unbounded_attempts()
+        .with_delay(Duration::from_millis(300))
+        .with_jitter(Duration::from_millis(10))
+        .with_max_wait(Duration::from_secs(20));
+    let waiting = Arc::new(common::retrying(faulty.urls(), Duration::from_secs(2), retry));
+    common::warm(&waiting).await;
+    let writer = tokio::spawn({
+        let waiting = waiting.clone();
+        async move { waiting.write("doc").ttl(Duration::from_secs(30)).await }
+    });
+    let everywhere = || nodes_with_prefix(cluster, "doc", "i:") == 3;
+    assert!(common::eventually(Duration::from_secs(5), everywhere).await, "the writer waits");
+    // Node 2's attempts are held back 1.2 s each (within their deadline), and nodes 0-1
+    // free: an attempt is granted there, after failed ones.
+    let hold = Duration::from_millis(1200);
+    faulty.proxy(2).hold_requests_containing(write_acquire_sha().as_bytes(), hold);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    (0..2).for_each(|i| share(i, false));
+    let lock =
+        tokio::time::timeout(Duration::from_secs(10), writer).await.unwrap().unwrap().unwrap();
+    // Every held attempt lands (the last one sent before the grant within 1.2 s; more may
+    // have queued behind it on that connection), then the holds end.
+    tokio::time::sleep(hold * 3).await;
+    faulty.proxy(2).release_holds();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let fields = cluster.hash_fields("doc").unwrap();
+    assert_eq!(nodes_with_prefix(cluster, "doc", "i:"), 0, "an intent is left: {fields:?}");
+    assert_eq!(nodes_with_field(cluster, "doc", "r:another"), 1, "the other share stays");
+    lock.release().await.unwrap();
+}
+
+/// A waiting writer cancelled while its attempt to one node is held back by the network:
+/// its withdrawal reaches every node, the held attempt that lands after it records no
+/// intent, and a reader gets in at once (not after the intent's lifetime, here seconds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_cancelled_while_an_attempt_is_held_back_leaves_no_intent_and_readers_get_in() {
+    let faulty = redlock_testkit::FaultyCluster::start(3).unwrap();
+    let cluster = faulty.cluster();
+    // Attempts 2 s apart: its intent lives about 8 s.
+    let retry = Retry::new()
+        .with_unbounded_attempts()
+        .with_delay(Duration::from_secs(2))
+        .with_jitter(Duration::from_millis(10))
+        .with_max_wait(Duration::from_secs(30));
+    let waiting = Arc::new(common::retrying(faulty.urls(), Duration::from_secs(2), retry));
+    common::warm(&waiting).await;
+    let reader = common::single_attempt(cluster.urls());
+    common::warm(&reader).await;
+    let share = reader.read("doc").ttl(Duration::from_secs(30)).await.unwrap();
+    // Every attempt to node 2 is held back 1.2 s (within its deadline).
+    let hold = Duration::from_millis(1200);
+    faulty.proxy(2).hold_requests_containing(write_acquire_sha().as_bytes(), hold);
+    let writer = tokio::spawn({
+        let waiting = waiting.clone();
+        async move { waiting.write("doc").ttl(Duration::from_secs(30)).await }
+    });
+    let on_two = || nodes_with_prefix(cluster, "doc", "i:") == 2;
+    assert!(common::eventually(Duration::from_secs(5), on_two).await, "the writer waits");
+    // Cancelled while its first attempt to node 2 is still held back.
+    writer.abort();
+    let _ = writer.await;
+    tokio::time::sleep(hold * 2).await;
+    faulty.proxy(2).release_holds();
+    let fields = cluster.hash_fields("doc").unwrap();
+    assert_eq!(nodes_with_prefix(cluster, "doc", "i:"), 0, "an intent is left: {fields:?}");
+    let second = reader.read("doc").await.expect("a reader is refused after the writer left");
+    second.release().await.unwrap();
+    share.release().await.unwrap();
+}

@@ -594,6 +594,10 @@ fn write_acquire_sha() -> String {
 /// A granted writer's withdrawal of its intent from a node whose granting attempt is still
 /// on its way (held back by that node's proxy) reaches the node first: the late grant still
 /// lands there and stays, no intent is left, and no reader gets in while the writer holds.
+///
+/// The hold is set while the writer waits; an attempt already past the proxy then can still
+/// be the granting one (about one run in ten on a loaded machine): that run shows nothing,
+/// and the scenario starts over on a new key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_writers_grant_that_lands_after_its_withdrawal_stays_and_keeps_readers_out() {
     let faulty = redlock_testkit::FaultyCluster::start(3).unwrap();
@@ -607,43 +611,58 @@ async fn a_writers_grant_that_lands_after_its_withdrawal_stays_and_keeps_readers
     common::warm(&waiting).await;
     let reader = common::single_attempt(faulty.urls());
     common::warm(&reader).await;
-    let share = reader.read("doc").ttl(Duration::from_secs(30)).await.unwrap();
-
-    let writer = tokio::spawn({
-        let waiting = waiting.clone();
-        async move { waiting.write("doc").ttl(Duration::from_secs(30)).await }
-    });
-    let intents = || nodes_with_prefix(cluster, "doc", "i:") == 3;
-    assert!(common::eventually(Duration::from_secs(5), intents).await, "the writer waits");
-    // The writer's next attempt is held back 700 ms on node 2 (its deadline is 2 s on).
-    let hold = Duration::from_millis(700);
-    faulty.proxy(2).hold_requests_containing(write_acquire_sha().as_bytes(), hold);
-    share.release().await.unwrap();
-    let lock =
-        tokio::time::timeout(Duration::from_secs(5), writer).await.unwrap().unwrap().unwrap();
-    let field = format!("w:{}", lock.token());
-    let on_node_2 = |field: &str| {
+    let on_node_2 = |key: &str, field: &str| {
         let mut con = cluster.node(2).connection().unwrap();
-        redis::cmd("HEXISTS").arg("doc").arg(field).query::<bool>(&mut con).unwrap()
+        redis::cmd("HEXISTS").arg(key).arg(field).query::<bool>(&mut con).unwrap()
     };
-    assert!(!on_node_2(&field), "granted before node 2 ran the held attempt");
-    let withdrawn = || nodes_with_prefix(cluster, "doc", "i:") == 0;
+    // The writer's attempts are held back 700 ms on node 2 (their deadline is 2 s on).
+    let hold = Duration::from_millis(700);
+    let mut tries = 0;
+    let (key, lock, field) = loop {
+        tries += 1;
+        assert!(tries <= 5, "the granting attempt slipped past the hold {} times", tries - 1);
+        let key = format!("doc{tries}");
+        let share = reader.read(&key).ttl(Duration::from_secs(30)).await.unwrap();
+        let writer = tokio::spawn({
+            let (waiting, key) = (waiting.clone(), key.clone());
+            async move { waiting.write(&key).ttl(Duration::from_secs(30)).await }
+        });
+        let intents = || nodes_with_prefix(cluster, &key, "i:") == 3;
+        assert!(
+            common::eventually(Duration::from_secs(5), intents).await,
+            "the writer waits (try {tries}): intents on {} nodes",
+            nodes_with_prefix(cluster, &key, "i:")
+        );
+        faulty.proxy(2).hold_requests_containing(write_acquire_sha().as_bytes(), hold);
+        share.release().await.unwrap();
+        let lock =
+            tokio::time::timeout(Duration::from_secs(5), writer).await.unwrap().unwrap().unwrap();
+        let field = format!("w:{}", lock.token());
+        if !on_node_2(&key, &field) {
+            break (key, lock, field);
+        }
+        // Granted before the hold took effect on node 2: nothing to see in this run.
+        faulty.proxy(2).release_holds();
+        lock.release().await.unwrap();
+        tokio::time::sleep(hold).await;
+    };
+    let withdrawn = || nodes_with_prefix(cluster, &key, "i:") == 0;
     assert!(common::eventually(hold / 2, withdrawn).await, "withdrawn before the grant lands");
-    assert!(!on_node_2(&field), "the withdrawal ran first on node 2");
-    let everywhere = || nodes_with_field(cluster, "doc", &field) == 3;
+    assert!(!on_node_2(&key, &field), "the withdrawal ran first on node 2");
+    let everywhere = || nodes_with_field(cluster, &key, &field) == 3;
     assert!(
         common::eventually(Duration::from_secs(3), everywhere).await,
         "the grant held back on node 2 lands there: on {} nodes",
-        nodes_with_field(cluster, "doc", &field)
+        nodes_with_field(cluster, &key, &field)
     );
     faulty.proxy(2).release_holds();
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(nodes_with_field(cluster, "doc", &field), 3, "the withdrawal took no grant");
-    assert_eq!(nodes_with_prefix(cluster, "doc", "i:"), 0, "no intent is left");
-    let refused = reader.read("doc").await;
+    assert_eq!(nodes_with_field(cluster, &key, &field), 3, "the withdrawal took no grant");
+    assert_eq!(nodes_with_prefix(cluster, &key, "i:"), 0, "no intent is left");
+    let refused = reader.read(&key).await;
     assert!(refused.is_err(), "a reader got in while the writer holds every node");
     lock.release().await.unwrap();
-    assert!(common::eventually(Duration::from_secs(2), || cluster.count_key("doc") == 0).await);
+    assert!(common::eventually(Duration::from_secs(2), || cluster.count_key(&key) == 0).await);
 }
 
 /// Four reader clients keep overlapping shares back to back over five nodes, each client

@@ -29,6 +29,11 @@ pub(crate) const RESEND_MAX: Duration = Duration::from_secs(1);
 /// only refuse an acquisition on a node where its undo is still late.
 pub(crate) const MAX_ABANDONED: usize = 16;
 
+/// How many holds' releases a watched channel remembers (which nodes published each): the
+/// publications of one release reach the nodes within moments of each other, so only the
+/// newest matter.
+pub(crate) const RELEASES_HEARD: usize = 32;
+
 /// How long the first waiter in line may take to start an attempt another waiter asked
 /// for before that one takes its place: long against a task's wake-up, short against a
 /// wait.

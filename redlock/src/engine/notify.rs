@@ -75,10 +75,6 @@ struct Heard {
     counted: bool,
 }
 
-/// How many holds' releases a channel remembers: the publications of one release reach
-/// the nodes within moments of each other, so only the newest matter.
-const HEARD: usize = 32;
-
 struct Waiter {
     woken: AtomicBool,
     notify: Notify,
@@ -134,7 +130,7 @@ impl Channel {
         let at = match self.heard.iter().position(|heard| heard.message == message) {
             Some(at) => at,
             None => {
-                if self.heard.len() >= HEARD {
+                if self.heard.len() >= timing::RELEASES_HEARD {
                     self.heard.pop_front();
                 }
                 let nodes = vec![false; nodes];

@@ -677,11 +677,11 @@ async fn a_failed_attempts_clean_up_wakes_no_waiter() {
     assert!(common::eventually(Duration::from_secs(3), subscribed).await);
     // Attempts that follow a subscription are over.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    // Twenty failed attempts of another client, each cleaning up its grant on node 2.
+    // Twenty failed attempts of another client, each cleaning up its grant on node 2 (or
+    // its request there, when the round was decided before node 2 answered).
     let other = common::client(&cluster);
     for _ in 0..20 {
-        let err = other.try_lock("doc").await.unwrap_err();
-        assert_eq!((err.kind(), err.granted()), (ErrorKind::NotAcquired, 1));
+        assert_eq!(other.try_lock("doc").await.unwrap_err().kind(), ErrorKind::NotAcquired);
     }
     // The holder moves to nodes 1 and 2 (without a release), and one more attempt cleans
     // up its grant on node 0.

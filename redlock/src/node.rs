@@ -20,6 +20,7 @@
 
 use crate::timing;
 use std::borrow::Cow;
+use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError, Weak};
@@ -349,9 +350,12 @@ pub(crate) struct Node {
     clock: Arc<Mutex<Option<NodeClock>>>,
     /// A fresh reading of the node's clock is under way.
     reading_clock: Arc<AtomicBool>,
-    /// The widest error any deadline on this node was given, in microseconds: how late
-    /// past its sender's timeout a create may still run there ([`Node::late_by`]).
-    widest_error: AtomicU64,
+    /// The widest error deadlines on this node were given, by period: how late past its
+    /// sender's timeout a create may still run there ([`Node::late_by`]).
+    errors: Mutex<ErrorHistory>,
+    /// The latest period of `errors` and its widest error so far, packed (see [`packed`]):
+    /// a deadline whose error is no wider, in the same period, takes no lock.
+    errors_latest: AtomicU64,
     /// When reading the node's clock last failed, in nanoseconds from `epoch` (0: it did
     /// not): it is not tried again before [`timing::CLOCK_RESYNC`] has passed.
     clock_failed_at: AtomicU64,
@@ -363,6 +367,55 @@ fn duration_us(duration: Duration) -> u64 {
 
 fn duration_ns(duration: Duration) -> u64 {
     u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// `period` and the widest error `us` in one word, for a check without a lock: the period
+/// in the high half (seconds since the node was made: 136 years), the error, capped, in the
+/// low half (a wider error always takes the lock).
+fn packed(period: u64, us: u64) -> u64 {
+    (period.min(u64::from(u32::MAX) - 1) << 32) | us.min(u64::from(u32::MAX))
+}
+
+/// The widest clock errors a node's deadlines were given, by period.
+#[derive(Debug, Default)]
+struct ErrorHistory {
+    /// `(period, widest error in µs)`, oldest first, at most
+    /// [`timing::CLOCK_ERROR_PERIODS`] of them (periods without a deadline have none).
+    periods: VecDeque<(u64, u64)>,
+    /// The widest error of the periods dropped from `periods`.
+    forgotten: u64,
+}
+
+impl ErrorHistory {
+    /// Records an error of `us` given in `period`; returns the widest of that period's
+    /// entry. One recorded late (its period read before a newer one began) goes to the
+    /// first entry of a later period: counted from any instant before it, never lost.
+    fn record(&mut self, period: u64, us: u64) -> u64 {
+        let at = self.periods.iter().rposition(|(p, _)| *p < period).map_or(0, |i| i + 1);
+        if let Some(entry) = self.periods.get_mut(at) {
+            entry.1 = entry.1.max(us);
+            return entry.1;
+        }
+        self.periods.push_back((period, us));
+        if self.periods.len() > timing::CLOCK_ERROR_PERIODS
+            && let Some((_, widest)) = self.periods.pop_front()
+        {
+            self.forgotten = self.forgotten.max(widest);
+        }
+        us
+    }
+
+    /// The widest error given in `period` or later; with the forgotten periods' when some
+    /// of them may have been as late.
+    fn since(&self, period: u64) -> u64 {
+        let recent = self.periods.iter().rev().take_while(|(p, _)| *p >= period);
+        let kept = recent.map(|(_, us)| *us).max();
+        let forgotten = match self.periods.front() {
+            Some((oldest, _)) if *oldest <= period => 0,
+            _ => self.forgotten,
+        };
+        kept.unwrap_or(0).max(forgotten)
+    }
 }
 
 /// One reading of a node's clock.
@@ -447,7 +500,8 @@ impl Node {
             servers,
             clock: Arc::default(),
             reading_clock: Arc::default(),
-            widest_error: AtomicU64::new(0),
+            errors: Mutex::default(),
+            errors_latest: AtomicU64::new(u64::MAX),
             clock_failed_at: AtomicU64::new(0),
         }
     }
@@ -499,23 +553,46 @@ impl Node {
 
     fn deadline_on(&self, clock: NodeClock, within: Duration, now: Instant) -> u64 {
         let error = clock.error(now);
-        self.widest_error.fetch_max(duration_us(error), Ordering::Relaxed);
+        self.note_error(now, duration_us(error));
         let elapsed = now.saturating_duration_since(clock.at) + within + error;
         let us = u128::from(clock.node_us) + elapsed.as_micros();
         u64::try_from(us.div_ceil(1000)).unwrap_or(u64::MAX)
     }
 
-    /// How far past a request's own timeout the node may still run it: what a client that
-    /// gave up on a create must still wait out before nothing of it can appear. Twice the
-    /// widest error any deadline on this node was given (the deadline adds it once, and
-    /// the node's clock may be off by as much the other way); [`timing::UNREAD_CLOCK_ERROR`]
-    /// while the node's clock was never read.
-    pub(crate) fn late_by(&self) -> Duration {
-        if lock_ignoring_poison(&self.clock).is_none() {
-            return timing::UNREAD_CLOCK_ERROR;
+    /// Records that a deadline given at `now` carries an error of `us` microseconds.
+    fn note_error(&self, now: Instant, us: u64) {
+        let period = self.nanos(now) / duration_ns(timing::CLOCK_ERROR_PERIOD).max(1);
+        let latest = self.errors_latest.load(Ordering::Relaxed);
+        if latest != u64::MAX && latest >> 32 == period && us <= latest & u64::from(u32::MAX) {
+            return;
         }
-        let widest =
-            self.widest_error.load(Ordering::Relaxed).max(duration_us(timing::CLOCK_MIN_ERROR));
+        let mut errors = lock_ignoring_poison(&self.errors);
+        let widest = errors.record(period, us);
+        // Stored under the lock: it always names a period `errors` holds at least as wide.
+        self.errors_latest.store(packed(period, widest), Ordering::Relaxed);
+    }
+
+    /// How far past a request's own timeout the node may still run a create of a hold whose
+    /// first round started at `since`: what a client that gave up on that create must still
+    /// wait out before nothing of it can appear. Twice the widest error a deadline on this
+    /// node was given since then, or that the reading in use has now (the deadline adds
+    /// the error once, and the node's clock may be off by as much the other way);
+    /// [`timing::UNREAD_CLOCK_ERROR`] while the node's clock was never read.
+    ///
+    /// Never narrower than any create of the hold needs: each got its deadline after
+    /// `since` (kept by periods of [`timing::CLOCK_ERROR_PERIOD`] from the one `since` falls
+    /// in, and beyond [`timing::CLOCK_ERROR_PERIODS`] of them the widest of the periods
+    /// forgotten), or gets it later from the reading in use (its error only grows with its
+    /// age until the create's deadline is given). A slow reading once, long before, no
+    /// longer counts: it widens the bounds of the holds whose creates it stamped only.
+    pub(crate) fn late_by(&self, since: Instant) -> Duration {
+        let Some(reading) = *lock_ignoring_poison(&self.clock) else {
+            return timing::UNREAD_CLOCK_ERROR;
+        };
+        let period = self.nanos(since) / duration_ns(timing::CLOCK_ERROR_PERIOD).max(1);
+        let given = lock_ignoring_poison(&self.errors).since(period);
+        let now = duration_us(reading.error(crate::clock::now()));
+        let widest = given.max(now).max(duration_us(timing::CLOCK_MIN_ERROR));
         Duration::from_micros(widest) * 2
     }
 
@@ -1310,14 +1387,57 @@ mod tests {
         // reading's error (1 ms, grown by 3 ms), in the node's milliseconds.
         assert_eq!(node.deadline(ms(50)).await, 1_000_000_000 + 3_000 + 50 + 4);
         // A create given up on may run that late: twice the widest error given.
-        assert_eq!(node.late_by(), ms(8));
+        assert_eq!(node.late_by(at), ms(8));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_node_whose_clock_was_never_read_gets_creates_with_no_deadline() {
         let node = node();
         assert_eq!(node.deadline(Duration::from_millis(50)).await, 0, "none");
-        assert_eq!(node.late_by(), timing::UNREAD_CLOCK_ERROR);
+        assert_eq!(node.late_by(crate::clock::now()), timing::UNREAD_CLOCK_ERROR);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hold_counts_the_widest_clock_error_given_since_it_began_not_the_widest_ever() {
+        let ms = Duration::from_millis;
+        let node = node();
+        let before = crate::clock::now();
+        // A slow reading (300 ms round trip), used for a deadline.
+        *lock_ignoring_poison(&node.clock) =
+            Some(NodeClock::taken(before - ms(150), before + ms(150), (1_000_000, 0)));
+        node.deadline(ms(50)).await;
+        tokio::time::advance(timing::CLOCK_ERROR_PERIOD * 2).await;
+        // A quick one replaces it (a new connection).
+        let after = crate::clock::now();
+        *lock_ignoring_poison(&node.clock) =
+            Some(NodeClock::taken(after - ms(1), after + ms(1), (1_000_002, 0)));
+        node.deadline(ms(50)).await;
+        assert!(node.late_by(before) >= ms(300), "a hold that began before the slow reading");
+        assert_eq!(node.late_by(after), ms(2), "one that began after it");
+        // The reading in use counts, whenever the hold began: its creates may still use it.
+        *lock_ignoring_poison(&node.clock) =
+            Some(NodeClock::taken(after - ms(20), after + ms(20), (1_000_002, 0)));
+        assert_eq!(node.late_by(after), ms(40));
+    }
+
+    #[test]
+    fn the_error_history_never_loses_an_error_it_recorded() {
+        let mut errors = ErrorHistory::default();
+        errors.record(5, 100);
+        errors.record(7, 10);
+        // Recorded late (its period read before period 7 began): counted from period 7.
+        assert_eq!(errors.record(6, 50), 50);
+        assert_eq!(
+            (errors.since(5), errors.since(6), errors.since(7), errors.since(8)),
+            (100, 50, 50, 0)
+        );
+        // Past the periods kept, the forgotten ones count for holds that began before the oldest kept.
+        let first = 8;
+        for period in first..first + u64::try_from(timing::CLOCK_ERROR_PERIODS).unwrap() {
+            errors.record(period, 1);
+        }
+        assert_eq!(errors.since(first + 1), 1);
+        assert_eq!(errors.since(6), 100, "the widest forgotten");
     }
 
     #[tokio::test]

@@ -29,6 +29,11 @@ pub(crate) const RESEND_MAX: Duration = Duration::from_secs(1);
 /// only refuse an acquisition on a node where its undo is still late.
 pub(crate) const MAX_ABANDONED: usize = 16;
 
+/// How many holds' releases a watched channel remembers (which nodes published each): the
+/// publications of one release reach the nodes within moments of each other, so only the
+/// newest matter.
+pub(crate) const RELEASES_HEARD: usize = 32;
+
 /// How long the first waiter in line may take to start an attempt another waiter asked
 /// for before that one takes its place: long against a task's wake-up, short against a
 /// wait.
@@ -83,6 +88,16 @@ pub(crate) const CLOCK_RESYNC: Duration = Duration::from_secs(10);
 /// The error of a clock reading is never taken for less than this (the node's clock has a
 /// millisecond resolution in scripts).
 pub(crate) const CLOCK_MIN_ERROR: Duration = Duration::from_millis(1);
+
+/// The clock errors a node's deadlines were given are kept by periods of this length, for
+/// [`CLOCK_ERROR_PERIODS`] periods: a hold's bounds count the widest error given since its
+/// first round's start (a slow reading once widens the bounds of the holds that used it,
+/// not of every later one).
+pub(crate) const CLOCK_ERROR_PERIOD: Duration = Duration::from_secs(1);
+
+/// How many periods of [`CLOCK_ERROR_PERIOD`] a node keeps apart (at most ten minutes'
+/// worth): a hold older than that counts the widest error of the periods forgotten too.
+pub(crate) const CLOCK_ERROR_PERIODS: usize = 600;
 
 /// What a create's deadline is given on a node whose clock was never read (its `TIME`
 /// refused): none (0), and this much error for the client's own bounds.

@@ -562,7 +562,8 @@ impl<P: Protocol> Claim<P> {
     /// lease, longer by the drift allowance if the node's clock runs slow.
     fn horizon(&self) -> Instant {
         let config = &self.core.config;
-        let late_by = self.core.nodes.iter().map(|node| node.late_by()).max().unwrap_or_default();
+        let late_by =
+            self.core.nodes.iter().map(|node| node.late_by(self.since)).max().unwrap_or_default();
         horizon(self.expires_by, (config.connect_timeout, config.node_timeout), late_by, self.ttl)
     }
 

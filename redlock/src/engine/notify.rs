@@ -6,8 +6,12 @@
 //! when the first waiter appears and shared by all of them; a channel is subscribed while
 //! at least one waiter watches it.
 //!
-//! A release counts once a quorum of nodes published it (the quorum-th highest
-//! per-node count of publications went up): before that, an attempt could not win. Of
+//! A release counts once a quorum of nodes published it (the same message, which names the
+//! hold released): before that, an attempt could not win. So the clean-up of a failed
+//! attempt, whose hold is on fewer than a quorum of nodes, wakes no one (the key is still
+//! held on a quorum, or split among waiters a release woke, which try again on their own:
+//! see `wait::split_again`), however many of them land on one node and then another, and
+//! releases of holds on different quorums each count. Of
 //! this client's waiters on the key, only the first in line is woken: several woken
 //! at once would split the nodes' votes (this client's own releases of an exclusive hold
 //! hand on to its next waiter directly: see `queue`). A waiter subscribes after its first
@@ -55,13 +59,20 @@ struct Registry {
     channels: HashMap<Arc<str>, Channel>,
 }
 
-/// One watched channel: publications per node, releases seen, the nodes where it is
+/// One watched channel: the holds whose releases were heard lately, the nodes where it is
 /// subscribed, and this client's waiters.
 struct Channel {
-    counts: Vec<u64>,
-    releases: u64,
+    heard: VecDeque<Heard>,
     subscribed: Vec<bool>,
     waiters: VecDeque<Arc<Waiter>>,
+}
+
+/// The nodes that published the release of one hold (the message names it).
+struct Heard {
+    message: Vec<u8>,
+    nodes: Vec<bool>,
+    /// Counted as a release already: its stragglers wake no one.
+    counted: bool,
 }
 
 struct Waiter {
@@ -84,12 +95,7 @@ enum Subscription {
 
 impl Channel {
     fn new(nodes: usize) -> Self {
-        Self {
-            counts: vec![0; nodes],
-            releases: 0,
-            subscribed: vec![false; nodes],
-            waiters: VecDeque::new(),
-        }
+        Self { heard: VecDeque::new(), subscribed: vec![false; nodes], waiters: VecDeque::new() }
     }
 
     /// Records that node `node` confirmed the subscription; `true` when at least a quorum of
@@ -112,19 +118,37 @@ impl Channel {
         }
     }
 
-    /// Counts a publication from node `node`; `true` when it completes a release on a quorum.
-    fn published(&mut self, node: usize, quorum: usize) -> bool {
-        if let Some(count) = self.counts.get_mut(node) {
-            *count = count.wrapping_add(1);
+    /// Counts a publication of `message` from node `node`; `true` when it completes a
+    /// release on a quorum: a quorum of nodes published the same message. A node that
+    /// publishes a message again starts a new release of it (a message that names no one
+    /// hold: a forced release's, another client version's).
+    fn published(&mut self, node: usize, message: &[u8], quorum: usize) -> bool {
+        let nodes = self.subscribed.len();
+        if node >= nodes {
+            return false;
         }
-        let mut counts = self.counts.clone();
-        counts.sort_unstable_by(|a, b| b.cmp(a));
-        let released = counts.get(quorum.saturating_sub(1)).copied().unwrap_or(0);
-        if released > self.releases {
-            self.releases = released;
-            return true;
+        let at = match self.heard.iter().position(|heard| heard.message == message) {
+            Some(at) => at,
+            None => {
+                if self.heard.len() >= timing::RELEASES_HEARD {
+                    self.heard.pop_front();
+                }
+                let nodes = vec![false; nodes];
+                self.heard.push_back(Heard { message: message.to_vec(), nodes, counted: false });
+                self.heard.len() - 1
+            }
+        };
+        let Some(heard) = self.heard.get_mut(at) else { return false };
+        if std::mem::replace(&mut heard.nodes[node], true) {
+            heard.nodes.iter_mut().for_each(|published| *published = false);
+            heard.nodes[node] = true;
+            heard.counted = false;
         }
-        false
+        if heard.counted || heard.nodes.iter().filter(|&&published| published).count() < quorum {
+            return false;
+        }
+        heard.counted = true;
+        true
     }
 }
 
@@ -380,7 +404,7 @@ async fn serve(
                 let mut registry = lock(registry);
                 let quorum = registry.quorum;
                 if let Some(watched) = registry.channels.get_mut(message.get_channel_name())
-                    && watched.published(node, quorum)
+                    && watched.published(node, message.get_payload_bytes(), quorum)
                     && let Some(first) = watched.waiters.front()
                 {
                     first.wake();
@@ -397,14 +421,36 @@ mod tests {
     #[test]
     fn a_release_counts_once_a_quorum_of_nodes_published_it() {
         let mut channel = Channel::new(5);
-        assert!(!channel.published(0, 3));
-        assert!(!channel.published(3, 3));
-        assert!(channel.published(1, 3), "the third node completes the release");
-        assert!(!channel.published(2, 3), "stragglers of the same release");
-        assert!(!channel.published(4, 3));
-        assert!(!channel.published(0, 3));
-        assert!(!channel.published(1, 3));
-        assert!(channel.published(4, 3), "the next release, on another quorum");
+        assert!(!channel.published(0, b"a", 3));
+        assert!(!channel.published(3, b"a", 3));
+        assert!(channel.published(1, b"a", 3), "the third node completes the release");
+        assert!(!channel.published(2, b"a", 3), "stragglers of the same release");
+        assert!(!channel.published(4, b"a", 3));
+        assert!(!channel.published(0, b"b", 3));
+        assert!(!channel.published(1, b"b", 3));
+        assert!(channel.published(4, b"b", 3), "the next release, on another quorum");
+        assert!(!channel.published(9, b"c", 3), "a node outside the channel");
+    }
+
+    #[test]
+    fn clean_ups_short_of_a_quorum_never_count_as_a_release_wherever_they_land() {
+        let mut channel = Channel::new(3);
+        // Failed attempts clean up one node each, first node 2 many times, then node 0.
+        for k in 0..20u8 {
+            assert!(!channel.published(2, &[k], 2));
+        }
+        assert!(!channel.published(0, b"late", 2));
+        assert!(!channel.published(0, b"later", 2));
+        // A hold on nodes 0 and 1 is released, then one on nodes 1 and 2: two releases.
+        assert!(!channel.published(0, b"x", 2));
+        assert!(channel.published(1, b"x", 2));
+        assert!(!channel.published(1, b"y", 2));
+        assert!(channel.published(2, b"y", 2));
+        // The same message from a node again: a new release of it (a forced release's).
+        assert!(!channel.published(0, b"1", 2));
+        assert!(channel.published(1, b"1", 2));
+        assert!(!channel.published(0, b"1", 2));
+        assert!(channel.published(2, b"1", 2));
     }
 
     #[test]

@@ -22,7 +22,9 @@
 //! client woken by one release. So a line never holds a waiter back for longer than the
 //! waiter itself would have waited: a waiter's tick for which no attempt of the line has
 //! started since its previous one asks the first for one, and takes its place if none
-//! starts within [`timing::STALL`] (its runtime blocked, its future no longer polled); an attempt
+//! starts within [`timing::STALL`] (its runtime blocked, its future no longer polled); the
+//! first is then passed over (hand-ons skip it) until its next tick, so that a future kept
+//! without being polled costs the line one stall, not one per release; an attempt
 //! of the line that failed for another reason than the key being held (a lease too short
 //! for the round, a fencing round that failed) counts for no one else.
 
@@ -136,6 +138,10 @@ struct Waiter {
     /// on), or a waiter behind it asked for an attempt.
     called: AtomicBool,
     notify: Notify,
+    /// Set when a waiter behind took its place because it did not react (its future no
+    /// longer polled, its runtime blocked); cleared at its next tick. Until then it keeps
+    /// its place but is passed over: the turn goes to the first waiter that is not.
+    stalled: AtomicBool,
 }
 
 impl Waiter {
@@ -201,7 +207,7 @@ impl Lines {
     fn hand_on(&self, request: &Request, token: &str) {
         self.with_holder(request, token, |state| {
             state.holder = None;
-            if let Some(first) = state.waiters.front() {
+            if let Some(first) = first(&state.waiters) {
                 first.call();
             }
         });
@@ -239,6 +245,8 @@ impl Ticket {
     /// asked of it, so that this one takes its place.
     pub(crate) fn turn(&mut self, stalled: bool) -> Turn {
         let mut state = lock(&self.line.state);
+        // Ticking: whatever stall it was passed over for is over.
+        self.waiter.stalled.store(false, Ordering::Release);
         if let Some(holder) = &state.holder {
             if crate::clock::now() < holder.until {
                 return Turn::Held(holder.until, state.took);
@@ -247,10 +255,18 @@ impl Ticket {
             state.holder = None;
         }
         if stalled {
+            // The first did not react: it is passed over until its next tick, so that
+            // the next release hands the turn on to a waiter that reacts (a future kept
+            // and never polled again would otherwise cost every hand-on a stall).
+            if let Some(first) = first(&state.waiters)
+                && !Arc::ptr_eq(first, &self.waiter)
+            {
+                first.stalled.store(true, Ordering::Release);
+            }
             state.waiters.retain(|waiter| !Arc::ptr_eq(waiter, &self.waiter));
             state.waiters.push_front(self.waiter.clone());
         }
-        let first = state.waiters.front().is_none_or(|first| Arc::ptr_eq(first, &self.waiter));
+        let first = first(&state.waiters).is_none_or(|first| Arc::ptr_eq(first, &self.waiter));
         if first {
             return Turn::Attempt;
         }
@@ -258,7 +274,7 @@ impl Ticket {
             // One started since this waiter's last tick: it counts for this one too.
             return Turn::Follow(state.started);
         }
-        if let Some(first) = state.waiters.front() {
+        if let Some(first) = self::first(&state.waiters) {
             first.call();
         }
         Turn::Follow(state.started + 1)
@@ -360,11 +376,11 @@ impl Drop for Ticket {
     fn drop(&mut self) {
         let mut lines = lock(&self.lines.lines);
         let mut state = lock(&self.line.state);
-        let was_first = state.waiters.front().is_some_and(|first| Arc::ptr_eq(first, &self.waiter));
+        let was_first = first(&state.waiters).is_some_and(|first| Arc::ptr_eq(first, &self.waiter));
         state.waiters.retain(|waiter| !Arc::ptr_eq(waiter, &self.waiter));
         if was_first
             && state.holder.is_none()
-            && let Some(next) = state.waiters.front()
+            && let Some(next) = first(&state.waiters)
         {
             // A call it did not use, or the turn itself: the next one attempts now.
             next.call();
@@ -405,6 +421,12 @@ impl Drop for Attempt<'_> {
         drop(state);
         self.line.progress.notify_waiters();
     }
+}
+
+/// The first waiter in line that is not passed over for a stall: the one the turn is
+/// handed on to, and the one that attempts.
+fn first(waiters: &VecDeque<Arc<Waiter>>) -> Option<&Arc<Waiter>> {
+    waiters.iter().find(|waiter| !waiter.stalled.load(Ordering::Acquire))
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -458,6 +480,26 @@ mod tests {
         assert!(matches!(second.turn(false), Turn::Attempt));
         drop(second);
         assert!(lock(&lines.lines).is_empty(), "nothing left once everyone left");
+    }
+
+    #[test]
+    fn a_first_waiter_that_stalled_is_passed_over_by_hand_ons_until_its_next_tick() {
+        let lines = Arc::new(Lines::default());
+        let doc = request(&["doc"], true, false);
+        let mut kept = lines.join(&doc);
+        let mut second = lines.join(&doc);
+        let mut third = lines.join(&doc);
+        assert!(matches!(kept.turn(false), Turn::Attempt));
+        // The kept one never starts the attempt asked of it: the second takes its place.
+        assert!(matches!(second.turn(true), Turn::Attempt));
+        second.granted("token", crate::clock::now() + Duration::from_secs(60));
+        lines.hand_on(&doc, "token");
+        assert!(!kept.called(), "passed over: it did not react");
+        assert!(third.called(), "the next waiter that does");
+        assert!(matches!(third.turn(false), Turn::Attempt));
+        // Polled again, the kept one is back in its place, first.
+        assert!(matches!(kept.turn(false), Turn::Attempt));
+        assert!(matches!(third.turn(false), Turn::Follow(_)));
     }
 
     #[test]

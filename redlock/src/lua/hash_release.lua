@@ -1,6 +1,7 @@
 -- Hash-based lock, release (after undo_mark.lua): removes our own hold (and, for a writer,
 -- its intent), never another's, and leaves our tombstone; when no hold remains, waiters are
--- told on the release channel.
+-- told on the release channel (the message names the hold, or the intent withdrawn: waiters
+-- count a release once a quorum of nodes published the same one, as with release.lua).
 -- KEYS[1] = the lock key, KEYS[2] = our tombstone (the intent's, for a withdrawal);
 -- ARGV[1] = our field (or '' to withdraw an intent alone), ARGV[2] = the release channel,
 -- ARGV[3] = our intent field or '', ARGV[4] = the tombstone's lifetime in milliseconds.
@@ -41,7 +42,9 @@ if changed then
     if string.sub(field, 1, 2) ~= 'i:' then holding = true end
   end
   if not holding then
-    local published = redis.pcall('PUBLISH', ARGV[2], '1')
+    local hold = ARGV[1]
+    if hold == '' then hold = ARGV[3] end
+    local published = redis.pcall('PUBLISH', ARGV[2], hold)
     if type(published) == 'table' and published.err and result == 1 then
       result = 2
     end

@@ -1,5 +1,7 @@
 -- Release (after undo_mark.lua): delete the key only if it still holds our token, leave our
--- tombstone, and tell the waiters.
+-- tombstone, and tell the waiters (the message is our token: waiters count a release once a
+-- quorum of nodes published the same one, so the clean-up of a failed attempt, short of a
+-- quorum, wakes no one).
 -- KEYS[1] = the lock key, KEYS[2] = our tombstone; ARGV[1] = our token, ARGV[2] = the release
 -- channel, ARGV[3] = the tombstone's lifetime in milliseconds.
 -- Returns 1 when deleted, 2 when deleted but the notification was refused (an ACL user
@@ -10,7 +12,7 @@ local current = redis.call('GET', KEYS[1])
 if current == ARGV[1] then
   redis.call('DEL', KEYS[1])
   undone(true)
-  local published = redis.pcall('PUBLISH', ARGV[2], '1')
+  local published = redis.pcall('PUBLISH', ARGV[2], ARGV[1])
   if type(published) == 'table' and published.err then
     return 2
   end

@@ -1136,3 +1136,37 @@ async fn taken_resends_never_remove_another_owners_hold() {
     assert!(holding.len() >= 2 && holding.contains(&1), "their hold is on {holding:?} only");
     theirs.release().await.unwrap();
 }
+
+/// A slow reading of a node's clock once (its link slow while connecting) does not lengthen
+/// the tombstones of holds that came later for the rest of the process's life: a hold's
+/// tombstone counts the clock errors its own creates were given, not the widest ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_clock_reading_once_does_not_lengthen_later_tombstones() {
+    let faulty = FaultyCluster::start(3).unwrap();
+    let (connect, node) = (Duration::from_secs(5), Duration::from_millis(100));
+    let rl = common::builder_for(faulty.urls(), node).connect_timeout(connect).build().unwrap();
+    // Node 0's connection opens over a link slow by 150 ms each way: its clock reading's
+    // error is at least 150 ms, and a create it stamps may run 300 ms past its timeout.
+    faulty.proxy(0).set_fault(common::latency(150));
+    rl.connect().await.unwrap();
+    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    // The link heals; the connection is reset and opens again, with a fresh reading.
+    faulty.proxy(0).set_fault(NetFault::Reset);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    faulty.proxy(0).heal();
+    for _ in 0..3 {
+        let _ = rl.try_lock("warm").await.map(|lock| lock.release());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(rl.try_lock("warm").await.unwrap().release().await.is_ok());
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let lock = rl.try_lock("doc").await.unwrap();
+    let token = lock.token().to_owned();
+    lock.release().await.unwrap();
+    let pttl = faulty.cluster().node(1).pttl(&format!("doc:undone:{{doc}}:{token}")).unwrap();
+    // The lease, then a connect and two node timeouts, the drift allowance (1% + 2 ms), and
+    // twice the clock error of this hold's creates (a few ms): not the 300 ms of the slow
+    // reading.
+    let bound = LEASE + connect + node * 2 + Duration::from_millis(102 + 150);
+    assert!(pttl > 0 && u128::try_from(pttl).unwrap() < bound.as_millis(), "{pttl} ms");
+}

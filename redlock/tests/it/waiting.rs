@@ -655,3 +655,90 @@ async fn a_release_on_nodes_not_yet_subscribed_still_wakes_the_waiter() {
     let gap = granted_at - released_at;
     assert!(gap < Duration::from_secs(5), "granted {gap:?} after the release: by the 8 s poll");
 }
+
+/// The clean-up of a failed attempt frees the key only where its holder is not: it wakes
+/// no waiter. Here another client's lock holds nodes 0 and 1 of 3 and then moves to nodes
+/// 1 and 2, while attempts that fail clean up their grant on the free node. Were those
+/// clean-ups published, their publications on one node and then another would count as a
+/// release on a quorum: the waiter would attempt again and again, each attempt's own
+/// clean-up waking it for the next, instead of at its 5 s poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_attempts_clean_up_wakes_no_waiter() {
+    let cluster = common::cluster(3);
+    for i in [0, 1] {
+        common::run(&cluster, i, &["SET", "doc", "another", "PX", "60000"]);
+    }
+    let waiter = patient(&cluster, Duration::from_secs(5), Duration::from_secs(30));
+    let waiting = tokio::spawn({
+        let waiter = waiter.clone();
+        async move { waiter.lock("doc").await.map(drop) }
+    });
+    let subscribed = || common::subscribers(&cluster, "doc").iter().all(|&n| n == 1);
+    assert!(common::eventually(Duration::from_secs(3), subscribed).await);
+    // Attempts that follow a subscription are over.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Twenty failed attempts of another client, each cleaning up its grant on node 2 (or
+    // its request there, when the round was decided before node 2 answered).
+    let other = common::client(&cluster);
+    for _ in 0..20 {
+        assert_eq!(other.try_lock("doc").await.unwrap_err().kind(), ErrorKind::NotAcquired);
+    }
+    // The holder moves to nodes 1 and 2 (without a release), and one more attempt cleans
+    // up its grant on node 0.
+    common::run(&cluster, 2, &["SET", "doc", "another", "PX", "60000"]);
+    common::run(&cluster, 0, &["DEL", "doc"]);
+    let before = scripts_run(cluster.node(1));
+    other.try_lock("doc").await.unwrap_err();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Each attempt runs one script on node 1: the other client's, and the waiter's.
+    let attempts = scripts_run(cluster.node(1)) - before - 1;
+    assert!(attempts <= 1, "the waiter attempted {attempts} times in a second of its 5 s poll");
+    waiting.abort();
+}
+
+/// A node that answers `SUBSCRIBE` slower than the connect timeout for a while does not
+/// leave the waiter polling: its subscriber keeps trying, with a backoff, and the waiter
+/// hears the release once the node answers in time again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_slower_than_the_connect_timeout_is_tried_again_until_it_works() {
+    let faulty = FaultyCluster::start(3).unwrap();
+    let cluster = faulty.cluster();
+    let holder = common::client(cluster);
+    let lock = holder.try_lock("k").ttl(Duration::from_secs(30)).await.unwrap();
+    let waiter = Redlock::builder()
+        .nodes(faulty.urls())
+        .node_timeout(Duration::from_millis(200))
+        .connect_timeout(Duration::from_millis(300))
+        .retry(
+            Retry::new()
+                .with_unbounded_attempts()
+                .with_delay(Duration::from_secs(8))
+                .with_jitter(Duration::ZERO)
+                .with_max_wait(Duration::from_secs(20)),
+        )
+        .build()
+        .unwrap();
+    waiter.connect().await.unwrap();
+    // Nodes 1 and 2 answer every SUBSCRIBE after 1 s, for 2 s.
+    for i in [1, 2] {
+        faulty.proxy(i).hold_requests_containing(b"SUBSCRIBE", Duration::from_secs(1));
+    }
+    let waiting = tokio::spawn(async move {
+        let lock = waiter.lock("k").await.unwrap();
+        let granted_at = Instant::now();
+        lock.release().await.unwrap();
+        granted_at
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(common::subscribers(cluster, "k")[1..], [0, 0], "each SUBSCRIBE timed out");
+    for i in [1, 2] {
+        faulty.proxy(i).release_holds();
+    }
+    let subscribed = || common::subscribers(cluster, "k").iter().all(|&n| n == 1);
+    assert!(common::eventually(Duration::from_secs(5), subscribed).await, "never subscribed");
+    let released_at = Instant::now();
+    lock.release().await.unwrap();
+    let granted_at = waiting.await.unwrap();
+    let gap = granted_at - released_at;
+    assert!(gap < Duration::from_secs(4), "granted {gap:?} after the release: by the 8 s poll");
+}

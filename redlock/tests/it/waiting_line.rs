@@ -1041,3 +1041,45 @@ async fn a_resent_release_that_finds_the_key_absent_says_not_held_for_a_hold_los
     );
     assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
 }
+
+/// A first waiter whose future was polled once (it joined the line) and is then kept
+/// without being polled (stored, or a `select!` branch that stays alive) costs the waiters
+/// behind it one stall, not one per release: once a waiter took its place, the turn is
+/// handed on past it until it is polled again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_waiter_no_longer_polled_costs_the_line_one_stall_not_one_per_release() {
+    let cluster = common::cluster(3);
+    let holder = common::client(&cluster);
+    let rl = client(&cluster, ms(200), every(ms(50), Duration::from_secs(20)));
+    let held = holder.try_lock("kept").await.unwrap();
+    let mut kept = Box::pin(rl.lock("kept").into_future());
+    assert!(tokio::time::timeout(ms(200), &mut kept).await.is_err());
+    // Four waiters behind it, in order, each holding the lock for a moment.
+    let (turns, mut taken) = tokio::sync::mpsc::unbounded_channel();
+    for _ in 0..4 {
+        let (rl, turns) = (rl.clone(), turns.clone());
+        tokio::spawn(async move {
+            let lock = rl.lock("kept").await.unwrap();
+            let granted_at = Instant::now();
+            tokio::time::sleep(ms(20)).await;
+            let released_at = Instant::now();
+            lock.release().await.unwrap();
+            turns.send((granted_at, released_at)).unwrap();
+        });
+        tokio::time::sleep(ms(20)).await;
+    }
+    tokio::time::sleep(ms(300)).await;
+    held.release().await.unwrap();
+    let mut order = Vec::new();
+    for _ in 0..4 {
+        order.push(tokio::time::timeout(Duration::from_secs(10), taken.recv()).await.unwrap());
+    }
+    let order: Vec<(Instant, Instant)> = order.into_iter().map(Option::unwrap).collect();
+    // From one waiter's release to the next one's grant, three times.
+    let gaps: Vec<Duration> =
+        order.windows(2).map(|pair| pair[1].0.saturating_duration_since(pair[0].1)).collect();
+    let total: Duration = gaps.iter().sum();
+    // A stall is 100 ms: three of them, at least 300 ms.
+    assert!(total < ms(200), "the hand-ons took {gaps:?}: each waited for the kept waiter");
+    drop(kept);
+}

@@ -1,7 +1,8 @@
 -- Hash-based lock, release (after undo_mark.lua): removes our own hold (and, for a writer,
 -- its intent), never another's, and leaves our tombstone; when no hold remains, waiters are
--- told on the release channel (the message names the hold, or the intent withdrawn: waiters
--- count a release once a quorum of nodes published the same one, as with release.lua).
+-- told on the release channel (the message names the hold, or the intent withdrawn, by its
+-- field's first 18 characters, as release.lua does: waiters count a release once a quorum
+-- of nodes published the same one).
 -- KEYS[1] = the lock key, KEYS[2] = our tombstone (the intent's, for a withdrawal);
 -- ARGV[1] = our field (or '' to withdraw an intent alone), ARGV[2] = the release channel,
 -- ARGV[3] = our intent field or '', ARGV[4] = the tombstone's lifetime in milliseconds.
@@ -44,7 +45,7 @@ if changed then
   if not holding then
     local hold = ARGV[1]
     if hold == '' then hold = ARGV[3] end
-    local published = redis.pcall('PUBLISH', ARGV[2], hold)
+    local published = redis.pcall('PUBLISH', ARGV[2], string.sub(hold, 1, 18))
     if type(published) == 'table' and published.err and result == 1 then
       result = 2
     end

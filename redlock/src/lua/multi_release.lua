@@ -1,6 +1,6 @@
 -- Multi release (after undo_mark.lua): delete every key that still holds our token, leave
--- every other key alone, leave our tombstone, and tell each deleted key's waiters (with our
--- token, as release.lua does).
+-- every other key alone, leave our tombstone, and tell each deleted key's waiters (naming
+-- the hold by its token's first 16 characters, as release.lua does).
 -- KEYS = the lock keys, then our tombstone; ARGV[1] = our token, ARGV[1 + i] = the release
 -- channel of KEYS[i], ARGV[#ARGV] = the tombstone's lifetime in milliseconds.
 -- Returns {ours, foreign, refused, before}: how many keys held our token (and were
@@ -17,7 +17,7 @@ local ours, foreign, refused = 0, 0, 0
 for i = 1, locks do
   if values[i] == ARGV[1] then
     redis.call('DEL', KEYS[i])
-    local published = redis.pcall('PUBLISH', ARGV[1 + i], ARGV[1])
+    local published = redis.pcall('PUBLISH', ARGV[1 + i], string.sub(ARGV[1], 1, 16))
     if type(published) == 'table' and published.err then
       refused = 1
     end

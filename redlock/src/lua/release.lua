@@ -1,7 +1,8 @@
 -- Release (after undo_mark.lua): delete the key only if it still holds our token, leave our
--- tombstone, and tell the waiters (the message is our token: waiters count a release once a
--- quorum of nodes published the same one, so the clean-up of a failed attempt, short of a
--- quorum, wakes no one).
+-- tombstone, and tell the waiters (the message names the hold by its token's first 16
+-- characters, which tell holds apart without giving a token away to whoever may subscribe:
+-- waiters count a release once a quorum of nodes published the same one, so the clean-up of
+-- a failed attempt, short of a quorum, wakes no one).
 -- KEYS[1] = the lock key, KEYS[2] = our tombstone; ARGV[1] = our token, ARGV[2] = the release
 -- channel, ARGV[3] = the tombstone's lifetime in milliseconds.
 -- Returns 1 when deleted, 2 when deleted but the notification was refused (an ACL user
@@ -12,7 +13,7 @@ local current = redis.call('GET', KEYS[1])
 if current == ARGV[1] then
   redis.call('DEL', KEYS[1])
   undone(true)
-  local published = redis.pcall('PUBLISH', ARGV[2], ARGV[1])
+  local published = redis.pcall('PUBLISH', ARGV[2], string.sub(ARGV[1], 1, 16))
   if type(published) == 'table' and published.err then
     return 2
   end

@@ -742,3 +742,34 @@ async fn a_subscription_slower_than_the_connect_timeout_is_tried_again_until_it_
     let gap = granted_at - released_at;
     assert!(gap < Duration::from_secs(4), "granted {gap:?} after the release: by the 8 s poll");
 }
+
+/// A release's notification names the hold it ended by a prefix of its token (of its field,
+/// for a read share), which tells holds apart, and never the whole token: whoever may
+/// subscribe to the release channels learns nothing to act for a holder with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_notification_names_the_hold_without_giving_its_token_away() {
+    let cluster = common::cluster(3);
+    let rl = common::client(&cluster);
+    common::warm(&rl).await;
+    let mut subscriber = cluster.node(0).connection().unwrap();
+    subscriber.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut pubsub = subscriber.as_pubsub();
+    pubsub.subscribe("redlock:released:job").unwrap();
+    pubsub.subscribe("redlock:released:doc").unwrap();
+
+    let lock = rl.try_lock("job").await.unwrap();
+    let token = lock.token().to_owned();
+    lock.release().await.unwrap();
+    let share = rl.read("doc").await.unwrap();
+    let field = format!("r:{}", share.token());
+    share.release().await.unwrap();
+
+    for (channel, whole) in [("redlock:released:job", &token), ("redlock:released:doc", &field)] {
+        let message = pubsub.get_message().unwrap();
+        assert_eq!(message.get_channel_name(), channel);
+        let named: String = message.get_payload().unwrap();
+        assert!(named.len() >= 16, "{named:?} tells holds apart");
+        assert!(whole.starts_with(&named), "{named:?} names the hold {whole:?}");
+        assert!(named.len() < whole.len(), "the whole token {whole:?} was published");
+    }
+}

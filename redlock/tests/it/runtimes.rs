@@ -466,13 +466,16 @@ async fn a_busy_runtimes_lane_is_not_evicted_by_runtimes_made_per_call() {
         .await;
         rl.try_lock("busy").await.unwrap().release().await.unwrap();
     }
-    // Less the connection that read the count.
+    // Less the connection that read the count. One more is let pass: with the cores
+    // saturated, a short-lived connection more shows up now and then (2 runs in 15, the
+    // busy runtime's own connection still there at the end); an evicted busy lane would
+    // cost a reconnect per call.
     let opened = connections_received(&cluster, 0) - before - 1;
     assert!(
-        opened <= calls,
+        opened <= calls + 1,
         "node 0 accepted {opened} connections for {calls} per-call runtimes: the busy \
          runtime's lane was evicted and reconnected {} times",
-        opened - calls
+        opened - calls - 1
     );
 }
 

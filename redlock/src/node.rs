@@ -527,10 +527,11 @@ impl Node {
         }
         // Stale, or never read (its `TIME` was refused): read it first, at most once per
         // resync period while it keeps failing.
-        let reading = *lock_ignoring_poison(&self.clock);
         let clock = match self.read_clock_now(within).await {
             Some(fresh) => fresh,
-            None => match reading {
+            // The reading in use: an aged one still narrower than a fresh one, or one that
+            // another caller took meanwhile.
+            None => match *lock_ignoring_poison(&self.clock) {
                 Some(clock) => clock,
                 None => return 0,
             },
@@ -597,7 +598,8 @@ impl Node {
     }
 
     /// Reads the node's clock on the caller's open connection now (for at most `within`), and keeps
-    /// the reading; `None` when that failed, or failed less than [`timing::CLOCK_RESYNC`] ago.
+    /// the reading (see [`keep_reading`]); `None` when that failed, or was wider than the reading
+    /// in use, less than [`timing::CLOCK_RESYNC`] ago.
     async fn read_clock_now(&self, within: Duration) -> Option<NodeClock> {
         let now = crate::clock::now();
         let failed = self.clock_failed_at.load(Ordering::Relaxed);
@@ -607,11 +609,12 @@ impl Node {
         }
         let mut connection = self.ready()?.connection;
         match tokio::time::timeout(within, read_clock(&mut connection)).await {
-            Ok(Ok(fresh)) => {
-                *lock_ignoring_poison(&self.clock) = Some(fresh);
+            Ok(Ok(fresh)) if keep_reading(&self.clock, fresh) => {
                 self.clock_failed_at.store(0, Ordering::Relaxed);
                 Some(fresh)
             }
+            // Wider than the aged reading in use: that one stays, and is not read again
+            // first for a while (each create would wait for a `TIME` meanwhile).
             _ => {
                 self.clock_failed_at.store(self.nanos(now).max(1), Ordering::Relaxed);
                 None
@@ -633,7 +636,7 @@ impl Node {
             let mut connection = handle.connection;
             if let Ok(Ok(fresh)) = tokio::time::timeout(timeout, read_clock(&mut connection)).await
             {
-                *lock_ignoring_poison(&clock) = Some(fresh);
+                keep_reading(&clock, fresh);
             }
             reading.store(false, Ordering::Release);
         });
@@ -1145,7 +1148,9 @@ async fn open(
     }
     // Before any create goes out on it: a create's deadline is written in the node's clock.
     match read_clock(&mut connection).await {
-        Ok(reading) => *lock_ignoring_poison(clock) = Some(reading),
+        Ok(reading) => {
+            keep_reading(clock, reading);
+        }
         Err(err) if err.is_io_error() || err.is_connection_dropped() || err.is_timeout() => {
             return Err(unreachable(err));
         }
@@ -1211,6 +1216,23 @@ async fn open(
         *lock_ignoring_poison(quarantined_until) = quarantine::end(replied_at, uptime, quarantine);
     }
     Ok(connection)
+}
+
+/// Makes `fresh` the reading of the node's clock in use, unless the one in use has a
+/// smaller error now; `true` when `fresh` is in use. Every reading of one node's clock stays
+/// good, its error growing with its age, and a hold's horizon counts the error of the
+/// reading in use when it is computed (`Node::late_by`) for the creates still to be stamped:
+/// a wider reading taken later (a new connection whose `TIME` was slow) would stamp them
+/// with a deadline later than that horizon counts on, and such a create landing after the
+/// release's tombstone would set its key again.
+fn keep_reading(clock: &Mutex<Option<NodeClock>>, fresh: NodeClock) -> bool {
+    let now = crate::clock::now();
+    let mut clock = lock_ignoring_poison(clock);
+    if clock.is_some_and(|current| current.error(now) < fresh.error(now)) {
+        return false;
+    }
+    *clock = Some(fresh);
+    true
 }
 
 /// Reads the node's clock with `TIME`, timing the round trip.

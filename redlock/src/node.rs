@@ -578,17 +578,21 @@ impl Node {
     /// wait out before nothing of it can appear. Twice the widest error a deadline on this
     /// node was given since then, or that the reading in use has now (the deadline adds
     /// the error once, and the node's clock may be off by as much the other way);
-    /// [`timing::UNREAD_CLOCK_ERROR`] while the node's clock was never read.
+    /// [`timing::UNREAD_CLOCK_ERROR`], or the connect timeout if longer, while the node's clock was
+    /// never read.
     ///
     /// Never narrower than any create of the hold needs: each got its deadline after
     /// `since` (kept by periods of [`timing::CLOCK_ERROR_PERIOD`] from the one `since` falls
     /// in, and beyond [`timing::CLOCK_ERROR_PERIODS`] of them the widest of the periods
     /// forgotten), or gets it later from the reading in use (its error only grows with its
-    /// age until the create's deadline is given). A slow reading once, long before, no
+    /// age until the create's deadline is given: a reading taken later replaces it only
+    /// when narrower, see [`keep_reading`]). A slow reading once, long before, no
     /// longer counts: it widens the bounds of the holds whose creates it stamped only.
     pub(crate) fn late_by(&self, since: Instant) -> Duration {
         let Some(reading) = *lock_ignoring_poison(&self.clock) else {
-            return timing::UNREAD_CLOCK_ERROR;
+            // A first reading may still come, as slow as a connect (or a read of the clock)
+            // may run: its error up to half that, twice over for a create it stamps.
+            return timing::UNREAD_CLOCK_ERROR.max(self.connect_timeout);
         };
         let period = self.nanos(since) / duration_ns(timing::CLOCK_ERROR_PERIOD).max(1);
         let given = lock_ignoring_poison(&self.errors).since(period);
@@ -608,6 +612,9 @@ impl Node {
             return None;
         }
         let mut connection = self.ready()?.connection;
+        // Within the connect timeout too: no reading's error exceeds half of it (see
+        // `Node::late_by` while none was taken).
+        let within = within.min(self.connect_timeout);
         match tokio::time::timeout(within, read_clock(&mut connection)).await {
             Ok(Ok(fresh)) if keep_reading(&self.clock, fresh) => {
                 self.clock_failed_at.store(0, Ordering::Relaxed);
@@ -1440,6 +1447,24 @@ mod tests {
         *lock_ignoring_poison(&node.clock) =
             Some(NodeClock::taken(after - ms(20), after + ms(20), (1_000_002, 0)));
         assert_eq!(node.late_by(after), ms(40));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reading_of_the_clock_replaces_the_one_in_use_only_when_narrower() {
+        let ms = Duration::from_millis;
+        let node = node();
+        let now = crate::clock::now();
+        let quick = NodeClock::taken(now - ms(1), now + ms(1), (1_000_000, 0));
+        assert!(keep_reading(&node.clock, quick), "the first reading");
+        // A slow one (a new connection's `TIME` held back): the quick one stays.
+        let slow = NodeClock::taken(now - ms(300), now + ms(300), (1_000_000, 0));
+        assert!(!keep_reading(&node.clock, slow));
+        assert_eq!(node.late_by(now), ms(2));
+        // Once the quick one aged past it, a slow one is narrower.
+        tokio::time::advance(Duration::from_secs(400)).await;
+        let later = crate::clock::now();
+        let fresh = NodeClock::taken(later - ms(100), later + ms(100), (1_000_400, 0));
+        assert!(keep_reading(&node.clock, fresh), "400 ms of drift against 100 ms");
     }
 
     #[test]

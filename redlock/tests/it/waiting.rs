@@ -813,6 +813,43 @@ async fn readers_releasing_in_a_different_order_on_each_node_still_wake_the_writ
     assert!(gap < Duration::from_secs(4), "granted {gap:?} after the releases: by the 8 s poll");
 }
 
+/// An owner's re-entries released at once from several clients may leave last in a
+/// different order on each node, as readers do: another owner waiting is still woken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reentries_releasing_in_a_different_order_on_each_node_still_wake_another_owner() {
+    let faulty = FaultyCluster::start(3).unwrap();
+    let cluster = faulty.cluster();
+    let mut holds = Vec::new();
+    for _ in 0..3 {
+        let client = common::builder_for(faulty.urls(), Duration::from_secs(1)).build().unwrap();
+        holds.push(client.reentrant("doc", "job-1").await.unwrap());
+    }
+    let waiter = patient(cluster, Duration::from_secs(8), Duration::from_secs(30));
+    let waiting = tokio::spawn(async move {
+        let lock = waiter.reentrant("doc", "job-2").await.unwrap();
+        let granted_at = Instant::now();
+        lock.release().await.unwrap();
+        granted_at
+    });
+    let subscribed = || common::subscribers(cluster, "doc").iter().all(|&n| n == 1);
+    assert!(common::eventually(Duration::from_secs(3), subscribed).await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Re-entry i's release reaches node i last.
+    for (i, hold) in holds.iter().enumerate() {
+        faulty
+            .proxy(i)
+            .hold_requests_containing(hold.token().as_bytes(), Duration::from_millis(300));
+    }
+    let released_at = Instant::now();
+    let releases = holds.into_iter().map(|hold| hold.release());
+    for released in futures::future::join_all(releases).await {
+        released.unwrap();
+    }
+    let granted_at = waiting.await.unwrap();
+    let gap = granted_at - released_at;
+    assert!(gap < Duration::from_secs(4), "granted {gap:?} after the releases: by the 8 s poll");
+}
+
 /// A release that reaches its second node late, after many failed attempts of other
 /// clients cleaned up on its first node (each naming its own hold), still wakes the waiter.
 ///

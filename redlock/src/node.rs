@@ -527,10 +527,11 @@ impl Node {
         }
         // Stale, or never read (its `TIME` was refused): read it first, at most once per
         // resync period while it keeps failing.
-        let reading = *lock_ignoring_poison(&self.clock);
         let clock = match self.read_clock_now(within).await {
             Some(fresh) => fresh,
-            None => match reading {
+            // The reading in use: an aged one still narrower than a fresh one, or one that
+            // another caller took meanwhile.
+            None => match *lock_ignoring_poison(&self.clock) {
                 Some(clock) => clock,
                 None => return 0,
             },
@@ -577,17 +578,21 @@ impl Node {
     /// wait out before nothing of it can appear. Twice the widest error a deadline on this
     /// node was given since then, or that the reading in use has now (the deadline adds
     /// the error once, and the node's clock may be off by as much the other way);
-    /// [`timing::UNREAD_CLOCK_ERROR`] while the node's clock was never read.
+    /// [`timing::UNREAD_CLOCK_ERROR`], or the connect timeout if longer, while the node's clock was
+    /// never read.
     ///
     /// Never narrower than any create of the hold needs: each got its deadline after
     /// `since` (kept by periods of [`timing::CLOCK_ERROR_PERIOD`] from the one `since` falls
     /// in, and beyond [`timing::CLOCK_ERROR_PERIODS`] of them the widest of the periods
     /// forgotten), or gets it later from the reading in use (its error only grows with its
-    /// age until the create's deadline is given). A slow reading once, long before, no
+    /// age until the create's deadline is given: a reading taken later replaces it only
+    /// when narrower, see [`keep_reading`]). A slow reading once, long before, no
     /// longer counts: it widens the bounds of the holds whose creates it stamped only.
     pub(crate) fn late_by(&self, since: Instant) -> Duration {
         let Some(reading) = *lock_ignoring_poison(&self.clock) else {
-            return timing::UNREAD_CLOCK_ERROR;
+            // A first reading may still come, as slow as a connect (or a read of the clock)
+            // may run: its error up to half that, twice over for a create it stamps.
+            return timing::UNREAD_CLOCK_ERROR.max(self.connect_timeout);
         };
         let period = self.nanos(since) / duration_ns(timing::CLOCK_ERROR_PERIOD).max(1);
         let given = lock_ignoring_poison(&self.errors).since(period);
@@ -597,7 +602,8 @@ impl Node {
     }
 
     /// Reads the node's clock on the caller's open connection now (for at most `within`), and keeps
-    /// the reading; `None` when that failed, or failed less than [`timing::CLOCK_RESYNC`] ago.
+    /// the reading (see [`keep_reading`]); `None` when that failed, or was wider than the reading
+    /// in use, less than [`timing::CLOCK_RESYNC`] ago.
     async fn read_clock_now(&self, within: Duration) -> Option<NodeClock> {
         let now = crate::clock::now();
         let failed = self.clock_failed_at.load(Ordering::Relaxed);
@@ -606,12 +612,16 @@ impl Node {
             return None;
         }
         let mut connection = self.ready()?.connection;
+        // Within the connect timeout too: no reading's error exceeds half of it (see
+        // `Node::late_by` while none was taken).
+        let within = within.min(self.connect_timeout);
         match tokio::time::timeout(within, read_clock(&mut connection)).await {
-            Ok(Ok(fresh)) => {
-                *lock_ignoring_poison(&self.clock) = Some(fresh);
+            Ok(Ok(fresh)) if keep_reading(&self.clock, fresh) => {
                 self.clock_failed_at.store(0, Ordering::Relaxed);
                 Some(fresh)
             }
+            // Wider than the aged reading in use: that one stays, and is not read again
+            // first for a while (each create would wait for a `TIME` meanwhile).
             _ => {
                 self.clock_failed_at.store(self.nanos(now).max(1), Ordering::Relaxed);
                 None
@@ -633,7 +643,7 @@ impl Node {
             let mut connection = handle.connection;
             if let Ok(Ok(fresh)) = tokio::time::timeout(timeout, read_clock(&mut connection)).await
             {
-                *lock_ignoring_poison(&clock) = Some(fresh);
+                keep_reading(&clock, fresh);
             }
             reading.store(false, Ordering::Release);
         });
@@ -1145,7 +1155,9 @@ async fn open(
     }
     // Before any create goes out on it: a create's deadline is written in the node's clock.
     match read_clock(&mut connection).await {
-        Ok(reading) => *lock_ignoring_poison(clock) = Some(reading),
+        Ok(reading) => {
+            keep_reading(clock, reading);
+        }
         Err(err) if err.is_io_error() || err.is_connection_dropped() || err.is_timeout() => {
             return Err(unreachable(err));
         }
@@ -1211,6 +1223,23 @@ async fn open(
         *lock_ignoring_poison(quarantined_until) = quarantine::end(replied_at, uptime, quarantine);
     }
     Ok(connection)
+}
+
+/// Makes `fresh` the reading of the node's clock in use, unless the one in use has a
+/// smaller error now; `true` when `fresh` is in use. Every reading of one node's clock stays
+/// good, its error growing with its age, and a hold's horizon counts the error of the
+/// reading in use when it is computed (`Node::late_by`) for the creates still to be stamped:
+/// a wider reading taken later (a new connection whose `TIME` was slow) would stamp them
+/// with a deadline later than that horizon counts on, and such a create landing after the
+/// release's tombstone would set its key again.
+fn keep_reading(clock: &Mutex<Option<NodeClock>>, fresh: NodeClock) -> bool {
+    let now = crate::clock::now();
+    let mut clock = lock_ignoring_poison(clock);
+    if clock.is_some_and(|current| current.error(now) < fresh.error(now)) {
+        return false;
+    }
+    *clock = Some(fresh);
+    true
 }
 
 /// Reads the node's clock with `TIME`, timing the round trip.
@@ -1418,6 +1447,24 @@ mod tests {
         *lock_ignoring_poison(&node.clock) =
             Some(NodeClock::taken(after - ms(20), after + ms(20), (1_000_002, 0)));
         assert_eq!(node.late_by(after), ms(40));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reading_of_the_clock_replaces_the_one_in_use_only_when_narrower() {
+        let ms = Duration::from_millis;
+        let node = node();
+        let now = crate::clock::now();
+        let quick = NodeClock::taken(now - ms(1), now + ms(1), (1_000_000, 0));
+        assert!(keep_reading(&node.clock, quick), "the first reading");
+        // A slow one (a new connection's `TIME` held back): the quick one stays.
+        let slow = NodeClock::taken(now - ms(300), now + ms(300), (1_000_000, 0));
+        assert!(!keep_reading(&node.clock, slow));
+        assert_eq!(node.late_by(now), ms(2));
+        // Once the quick one aged past it, a slow one is narrower.
+        tokio::time::advance(Duration::from_secs(400)).await;
+        let later = crate::clock::now();
+        let fresh = NodeClock::taken(later - ms(100), later + ms(100), (1_000_400, 0));
+        assert!(keep_reading(&node.clock, fresh), "400 ms of drift against 100 ms");
     }
 
     #[test]

@@ -2,7 +2,8 @@
 -- its intent), never another's, and leaves our tombstone; when no hold remains, waiters are
 -- told on the release channel (the message names the hold, or the intent withdrawn, by its
 -- field's first 18 characters, as release.lua does: waiters count a release once a quorum
--- of nodes published the same one).
+-- of nodes published the same one; the last reader's, or an owner's last re-entry's, names
+-- none, only 'r:' or 'h:').
 -- KEYS[1] = the lock key, KEYS[2] = our tombstone (the intent's, for a withdrawal);
 -- ARGV[1] = our field (or '' to withdraw an intent alone), ARGV[2] = the release channel,
 -- ARGV[3] = our intent field or '', ARGV[4] = the tombstone's lifetime in milliseconds.
@@ -45,7 +46,14 @@ if changed then
   if not holding then
     local hold = ARGV[1]
     if hold == '' then hold = ARGV[3] end
-    local published = redis.pcall('PUBLISH', ARGV[2], string.sub(hold, 1, 18))
+    local name = string.sub(hold, 1, 18)
+    -- Readers' shares, and one owner's re-entries, leave in any order: which one left
+    -- last differs from node to node, so no one hold's release would reach a quorum. The
+    -- message names no hold then, only its kind, like a forced release's '1': waiters
+    -- count it once per node.
+    local kind = string.sub(hold, 1, 2)
+    if kind == 'r:' or kind == 'h:' then name = kind end
+    local published = redis.pcall('PUBLISH', ARGV[2], name)
     if type(published) == 'table' and published.err and result == 1 then
       result = 2
     end

@@ -1170,3 +1170,112 @@ async fn a_slow_clock_reading_once_does_not_lengthen_later_tombstones() {
     let bound = LEASE + connect + node * 2 + Duration::from_millis(102 + 150);
     assert!(pttl > 0 && u128::try_from(pttl).unwrap() < bound.as_millis(), "{pttl} ms");
 }
+
+/// Until a node's clock is first read, a hold's horizon cannot know the error of the first
+/// reading its creates may still be stamped with: one taken as slowly as a connect may run
+/// (here a `TIME` held back 3.5 s of a 4 s connect timeout, answered at once) must not let
+/// the released key come back on that node.
+#[tokio::test]
+async fn a_create_stamped_from_the_first_reading_of_a_nodes_clock_after_its_release_sets_nothing() {
+    let faulty = FaultyCluster::start(3).unwrap();
+    let (connect, node, ttl) =
+        (Duration::from_secs(4), Duration::from_millis(200), Duration::from_millis(300));
+    let rl =
+        common::builder_for(faulty.urls(), node).connect_timeout(connect).ttl(ttl).build().unwrap();
+    // The client's own connections open; node 2 refuses `TIME` to them: its clock is not
+    // read.
+    common::run(faulty.cluster(), 2, &["ACL", "SETUSER", "default", "-time"]);
+    common::warm(&rl).await;
+    common::connect_all(&rl).await;
+    common::run(faulty.cluster(), 2, &["ACL", "SETUSER", "default", "+time"]);
+    let hold_time = Duration::from_millis(3500);
+    faulty.proxy(2).hold_requests_containing(b"$4\r\nTIME\r\n", hold_time);
+    let started = Instant::now();
+    let (lock, token, runtime, stop) = lock_on_a_new_runtime(&rl, "late").await;
+    lock.release().await.unwrap();
+    tokio::time::sleep(hold_time.saturating_sub(Duration::from_millis(300))).await;
+    faulty.proxy(2).hold_requests_containing(b"late", Duration::from_millis(3000));
+    let back = back_on(&faulty, 2, ("late", &token), started, Duration::from_secs(8)).await;
+    let _ = stop.send(());
+    runtime.join().unwrap();
+    assert_eq!(back, None, "the released key came back on node 2 (at {back:?} from the start)");
+}
+
+/// `rl`'s lock on `key`, taken on a multi-thread runtime of its own (its own connections),
+/// which runs until told to stop.
+async fn lock_on_a_new_runtime(
+    rl: &Redlock,
+    key: &'static str,
+) -> (Lock, String, std::thread::JoinHandle<()>, tokio::sync::oneshot::Sender<()>) {
+    let (locks, locked) = std::sync::mpsc::channel();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let rl = rl.clone();
+    let runtime = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            locks.send(rl.try_lock(key).await).unwrap();
+            let _ = stopped.await;
+        });
+    });
+    let lock = tokio::task::spawn_blocking(move || locked.recv().unwrap()).await.unwrap().unwrap();
+    let token = lock.token().to_owned();
+    (lock, token, runtime, stop)
+}
+
+/// How long after `started` node `i` held `key` with `token`, if it did within `within`.
+async fn back_on(
+    faulty: &FaultyCluster,
+    i: usize,
+    (key, token): (&str, &str),
+    started: Instant,
+    within: Duration,
+) -> Option<Duration> {
+    while started.elapsed() < within {
+        if faulty.cluster().node(i).get(key).unwrap().as_deref() == Some(token) {
+            return Some(started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    None
+}
+
+/// A create that waits for a new connection is stamped with that connection's reading of
+/// the node's clock, which may be far wider than the reading in use when the hold was
+/// released (here the `TIME` of the new connection is held back 2.5 s, and answered at
+/// once: the reading runs 1.25 s ahead): the released key must not come back on that node
+/// when the create lands after the release's tombstone, before its own deadline.
+#[tokio::test]
+async fn a_create_stamped_from_a_slower_reading_taken_after_its_release_sets_nothing() {
+    let faulty = FaultyCluster::start(3).unwrap();
+    let (connect, node, ttl) =
+        (Duration::from_secs(3), Duration::from_millis(200), Duration::from_millis(300));
+    let rl =
+        common::builder_for(faulty.urls(), node).connect_timeout(connect).ttl(ttl).build().unwrap();
+    // The client's own connections (this current-thread runtime's) open, with quick
+    // readings of every node's clock.
+    common::warm(&rl).await;
+    common::connect_all(&rl).await;
+    let hold_time = Duration::from_millis(2500);
+    faulty.proxy(2).hold_requests_containing(b"$4\r\nTIME\r\n", hold_time);
+    let started = Instant::now();
+    // A multi-thread runtime's first lock: its own connections open, node 2's waits for
+    // its `TIME`; the lock is granted by nodes 0 and 1.
+    let (lock, token, runtime, stop) = lock_on_a_new_runtime(&rl, "late").await;
+    // Released here, on the client's own connections: node 2 answers at once (nothing
+    // there yet) and keeps a tombstone for the hold's horizon.
+    lock.release().await.unwrap();
+    // Node 2's create goes out once its connection's `TIME` is answered: hold it until
+    // well past the tombstone (a lease, a connect and two node timeouts after the start),
+    // not past its own deadline (a node timeout and twice the reading's error after it
+    // was stamped, 2.5 s after the start).
+    tokio::time::sleep(hold_time.saturating_sub(Duration::from_millis(300))).await;
+    faulty.proxy(2).hold_requests_containing(b"late", Duration::from_millis(1900));
+    let back = back_on(&faulty, 2, ("late", &token), started, Duration::from_secs(6)).await;
+    let _ = stop.send(());
+    runtime.join().unwrap();
+    assert_eq!(back, None, "the released key came back on node 2 (at {back:?} from the start)");
+}

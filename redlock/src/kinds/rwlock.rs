@@ -57,10 +57,12 @@ impl Intent {
         let ms = gap.clamp(timing::MIN_INTENT, MAX_TTL).as_millis();
         let field = format!("i:{}", token::generate()).into();
         // An attempt goes out within a connect timeout, is stamped at most two node
-        // timeouts later (with a re-send), plus its clock's error (at most a second while
-        // a node's clock is unread).
+        // timeouts later (with a re-send), plus its clock's error: as for a hold's horizon
+        // while a node's clock is unread (`Node::late_by`), a second, or the connect
+        // timeout if longer, since a first reading may take that long.
+        let clock_error = timing::UNREAD_CLOCK_ERROR.max(config.connect_timeout);
         let withdrawn = timing::stamped_within(config.connect_timeout, config.node_timeout)
-            .saturating_add(timing::UNREAD_CLOCK_ERROR);
+            .saturating_add(clock_error);
         Self {
             field,
             ms: u64::try_from(ms).unwrap_or(u64::MAX),
@@ -277,5 +279,8 @@ mod tests {
         assert_eq!(Intent::new(&config, &slow).ms, 2_020, "2 x 1 s + 4 x 5 ms");
         // A connect timeout (1 s), two node timeouts and an unread clock's error (1 s).
         assert_eq!(intent.withdrawn_ms, 1_000 + 10 + 1_000);
+        // A connect timeout longer than a second bounds a first reading's error instead.
+        config.connect_timeout = Duration::from_secs(4);
+        assert_eq!(Intent::new(&config, &eager).withdrawn_ms, 4_000 + 10 + 4_000);
     }
 }

@@ -120,7 +120,7 @@ impl<P: Protocol> Claim<P> {
         // This client's own abandoned holds of the keys whose undos are still on their way
         // count as free: its retry is never refused by them, and waits for nothing.
         let abandoned = core.undos.abandoned(proto.keys());
-        let args = Args { ttl, keep: Keep::NONE, abandoned: &abandoned };
+        let args = Args { ttl, keep: Keep::NONE, abandoned: &abandoned, quiet: false };
         let command = Arc::new(proto.command(Op::Acquire, &args));
         let n = core.nodes.len();
         // Armed from here: if this future is dropped mid-round, Drop releases whatever the
@@ -228,15 +228,24 @@ impl<P: Protocol> Claim<P> {
     /// moment ago), in the background on the nodes whose answer is unknown, not at all
     /// where the node answered about someone else's lock (ours is not there).
     async fn clean_up(mut self, round: &Round) {
-        let command = Arc::new(self.proto.command(Op::CleanUp, &self.undo_args()));
+        let refused = |outcome: &NodeOutcome| {
+            matches!(
+                outcome,
+                NodeOutcome::Held | NodeOutcome::WriterWaiting | NodeOutcome::WrongType
+            )
+        };
+        let mut args = self.undo_args();
+        // Short of a quorum even where its answer is unknown, the attempt never held the
+        // key: its clean-up frees no quorum and tells no waiter.
+        let may_hold = round.outcomes.iter().filter(|outcome| !refused(outcome)).count();
+        args.quiet = may_hold < quorum::quorum(round.outcomes.len());
+        let command = Arc::new(self.proto.command(Op::CleanUp, &args));
         let slots = Slots::new(round.outcomes.len());
         let mut requests = Vec::with_capacity(round.outcomes.len());
         let mut outcomes = round::Outcomes::with_capacity(round.outcomes.len());
         for (i, outcome) in round.outcomes.iter().enumerate() {
             match outcome {
-                NodeOutcome::Held | NodeOutcome::WriterWaiting | NodeOutcome::WrongType => {
-                    outcomes.push(NodeOutcome::Absent)
-                }
+                outcome if refused(outcome) => outcomes.push(NodeOutcome::Absent),
                 _ => {
                     requests.push(self.request(&slots, i, Op::CleanUp, &command));
                     outcomes.push(NodeOutcome::Pending);
@@ -572,7 +581,7 @@ impl<P: Protocol> Claim<P> {
     /// re-sent release can tell a hold it removed from one that was gone.
     fn undo_args(&self) -> Args<'static> {
         let keep = Keep::new(self.horizon().saturating_duration_since(clock::now()));
-        Args { ttl: self.ttl, keep, abandoned: &[] }
+        Args { ttl: self.ttl, keep, abandoned: &[], quiet: false }
     }
 
     /// The hold, as the client's undos register it.

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use redis::Value;
 
-use crate::command::Command;
+use crate::command::{Arg, Command};
 use crate::config::Ttl;
 use crate::error::NodeOutcome;
 use crate::node::Reply;
@@ -75,12 +75,24 @@ pub(crate) struct Args<'a> {
     /// reached every node yet; a hold of one of them counts as free (and is marked taken
     /// over in its tombstone).
     pub(crate) abandoned: &'a [Abandoned],
+    /// For `Release` and `CleanUp`: tell no waiter. The clean-up of an attempt that never
+    /// held a quorum frees no quorum, and a waiter counts releases by hold, so it would
+    /// wake no one; published, it would only push real releases out of the waiters' memory
+    /// of what they heard (and add up, per node, for the kinds whose last release names no
+    /// hold).
+    pub(crate) quiet: bool,
 }
 
 impl<'a> Args<'a> {
     /// For an operation that needs only the lease.
     pub(crate) fn lease(ttl: Ttl) -> Self {
-        Self { ttl, keep: Keep::NONE, abandoned: &[] }
+        Self { ttl, keep: Keep::NONE, abandoned: &[], quiet: false }
+    }
+
+    /// The channel a `Release` or `CleanUp` of `key` publishes on: none (`''`, which the
+    /// release scripts take for "publish nothing") when [`Args::quiet`].
+    pub(crate) fn release_channel<'k>(&self, key: &'k str) -> Arg<'k> {
+        if self.quiet { Arg::Bytes(b"") } else { Arg::ReleaseChannel(key) }
     }
 
     /// The abandoned tokens as script arguments.

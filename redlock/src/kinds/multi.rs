@@ -110,7 +110,7 @@ impl Protocol for Multi {
                 Command::script(script, &marked, &argv, Resend::Safe).bounded()
             }
             Op::Release | Op::CleanUp => {
-                let channels = self.set.keys.iter().map(|key| Arg::ReleaseChannel(key));
+                let channels = self.set.keys.iter().map(|key| args.release_channel(key));
                 let argv: Vec<Arg<'_>> = std::iter::once(token)
                     .chain(channels)
                     .chain(std::iter::once(Arg::Bytes(keep.as_bytes())))

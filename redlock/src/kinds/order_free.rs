@@ -148,7 +148,8 @@ mod tests {
                         Step::Release => (Op::Release, 0),
                         Step::CleanUp => (Op::CleanUp, 0),
                     };
-                    let command = proto.command(op, &Args { ttl, keep, abandoned: &[] });
+                    let command =
+                        proto.command(op, &Args { ttl, keep, abandoned: &[], quiet: false });
                     let reply = run(con, &command, deadline);
                     if let Value::SimpleString(err) = &reply {
                         prop_assert!(
@@ -178,7 +179,7 @@ mod tests {
         for (proto, _) in kinds() {
             let _: () = redis::cmd("FLUSHALL").query(&mut con).unwrap();
             let far = node_ms(&mut con) + 5_000;
-            let args = Args { ttl, keep, abandoned: &[] };
+            let args = Args { ttl, keep, abandoned: &[], quiet: false };
             let acquire = proto.command(Op::Acquire, &args);
             let granted = run(&mut con, &acquire, far);
             let reply = |value| crate::engine::protocol::testing::reply(value);
@@ -240,20 +241,25 @@ mod tests {
                 token: "0".repeat(40).into(),
                 tombstone: "k:undone:{k}:other".into(),
             }];
-            let args = Args { ttl, keep: Keep::NONE, abandoned: &other };
+            let args = Args { ttl, keep: Keep::NONE, abandoned: &other, quiet: false };
             let refused = run(&mut con, &next.command(Op::Acquire, &args), far);
             assert_ne!(next.answer(Op::Acquire, &reply(refused)).outcome, crate::NodeOutcome::Ok);
             let abandoned = [crate::engine::Abandoned {
                 token: first.token().into(),
                 tombstone: (*first.identity().tombstone).into(),
             }];
-            let args = Args { ttl, keep: Keep::NONE, abandoned: &abandoned };
+            let args = Args { ttl, keep: Keep::NONE, abandoned: &abandoned, quiet: false };
             let taken = run(&mut con, &next.command(Op::Acquire, &args), far);
             let outcome = next.answer(Op::Acquire, &reply(taken)).outcome;
             assert_eq!(outcome, crate::NodeOutcome::Ok, "{} then {}", first.kind(), next.kind());
             // The abandoned hold's release, arriving after its place was taken, says it is
             // done: its tombstone was marked, and the new hold stays.
-            let keep = Args { ttl, keep: Keep::new(Duration::from_secs(10)), abandoned: &[] };
+            let keep = Args {
+                ttl,
+                keep: Keep::new(Duration::from_secs(10)),
+                abandoned: &[],
+                quiet: false,
+            };
             let released = run(&mut con, &first.command(Op::Release, &keep), 0);
             let outcome = first.answer(Op::Release, &reply(released)).outcome;
             assert_eq!(

@@ -96,7 +96,7 @@ impl Protocol for Plain {
             Op::Release | Op::CleanUp => {
                 let keep = args.keep.arg();
                 let args =
-                    [Arg::Bytes(token), Arg::ReleaseChannel(key), Arg::Bytes(keep.as_bytes())];
+                    [Arg::Bytes(token), args.release_channel(key), Arg::Bytes(keep.as_bytes())];
                 Command::script(&command::RELEASE, &keys, &args, Resend::Safe)
             }
             Op::Check => {

@@ -73,7 +73,7 @@ impl Protocol for Reentrant {
                 Command::script(script, &keys, &argv, Resend::Safe).bounded()
             }
             Op::Release | Op::CleanUp => {
-                let channel = Arg::ReleaseChannel(keys[0]);
+                let channel = args.release_channel(keys[0]);
                 let argv = [field, channel, Arg::Bytes(b""), Arg::Bytes(keep.as_bytes())];
                 Command::script(&command::REENTRANT_RELEASE, &keys, &argv, Resend::Safe)
             }

@@ -140,7 +140,7 @@ impl Protocol for Share {
         let intent = self.intent.as_ref().map_or(&b""[..], |intent| intent.field.as_bytes());
         let (field, ms, intent) =
             (Arg::Bytes(field), Arg::Bytes(ms.as_bytes()), Arg::Bytes(intent));
-        let channel = Arg::ReleaseChannel(keys[0]);
+        let channel = args.release_channel(keys[0]);
         let (script, mut argv): (_, Vec<Arg<'_>>) = match (op, self.mode) {
             (Op::Acquire, Mode::Read) => (&command::RW_READ_ACQUIRE, vec![field, ms]),
             (Op::Acquire, Mode::Write) => (

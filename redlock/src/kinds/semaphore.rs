@@ -160,7 +160,7 @@ impl Protocol for PermitHold {
             // any slot hears it.
             Op::Release | Op::CleanUp => {
                 let keep = args.keep.arg();
-                let channel = Arg::ReleaseChannel(&self.count_key);
+                let channel = args.release_channel(&self.count_key);
                 let argv = [Arg::Bytes(token), channel, Arg::Bytes(keep.as_bytes())];
                 Command::script(&command::RELEASE, &[keys[0], tombstone], &argv, Resend::Safe)
             }

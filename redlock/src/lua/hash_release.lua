@@ -5,7 +5,8 @@
 -- of nodes published the same one; the last reader's, or an owner's last re-entry's, names
 -- none, only 'r:' or 'h:').
 -- KEYS[1] = the lock key, KEYS[2] = our tombstone (the intent's, for a withdrawal);
--- ARGV[1] = our field (or '' to withdraw an intent alone), ARGV[2] = the release channel,
+-- ARGV[1] = our field (or '' to withdraw an intent alone), ARGV[2] = the release channel
+-- ('' to tell no one),
 -- ARGV[3] = our intent field or '', ARGV[4] = the tombstone's lifetime in milliseconds.
 -- Returns 1 when our field was removed, 2 when it was removed but the notification was
 -- refused (an ACL user without the channel: the release stands), 3 when an earlier send of
@@ -53,8 +54,7 @@ if changed then
     -- count it once per node.
     local kind = string.sub(hold, 1, 2)
     if kind == 'r:' or kind == 'h:' then name = kind end
-    local published = redis.pcall('PUBLISH', ARGV[2], name)
-    if type(published) == 'table' and published.err and result == 1 then
+    if notify(ARGV[2], name) and result == 1 then
       result = 2
     end
   end

@@ -2,7 +2,7 @@
 -- every other key alone, leave our tombstone, and tell each deleted key's waiters (naming
 -- the hold by its token's first 16 characters, as release.lua does).
 -- KEYS = the lock keys, then our tombstone; ARGV[1] = our token, ARGV[1 + i] = the release
--- channel of KEYS[i], ARGV[#ARGV] = the tombstone's lifetime in milliseconds.
+-- channel of KEYS[i] ('' to tell no one), ARGV[#ARGV] = the tombstone's lifetime in milliseconds.
 -- Returns {ours, foreign, refused, before}: how many keys held our token (and were
 -- deleted), how many were held by another owner, 1 when a notification was refused (an ACL
 -- user without the channel: the release stands), and 1 when an earlier send of this undo
@@ -17,8 +17,7 @@ local ours, foreign, refused = 0, 0, 0
 for i = 1, locks do
   if values[i] == ARGV[1] then
     redis.call('DEL', KEYS[i])
-    local published = redis.pcall('PUBLISH', ARGV[1 + i], string.sub(ARGV[1], 1, 16))
-    if type(published) == 'table' and published.err then
+    if notify(ARGV[1 + i], string.sub(ARGV[1], 1, 16)) then
       refused = 1
     end
     ours = ours + 1

@@ -4,7 +4,7 @@
 -- waiters count a release once a quorum of nodes published the same one, so the clean-up of
 -- a failed attempt, short of a quorum, wakes no one).
 -- KEYS[1] = the lock key, KEYS[2] = our tombstone; ARGV[1] = our token, ARGV[2] = the release
--- channel, ARGV[3] = the tombstone's lifetime in milliseconds.
+-- channel ('' to tell no one), ARGV[3] = the tombstone's lifetime in milliseconds.
 -- Returns 1 when deleted, 2 when deleted but the notification was refused (an ACL user
 -- without the channel: the release stands, waiters fall back to polling), 3 when an earlier
 -- send of this undo deleted it, 0 when the key is absent, -1 when another owner holds it.
@@ -13,8 +13,7 @@ local current = redis.call('GET', KEYS[1])
 if current == ARGV[1] then
   redis.call('DEL', KEYS[1])
   undone(true)
-  local published = redis.pcall('PUBLISH', ARGV[2], string.sub(ARGV[1], 1, 16))
-  if type(published) == 'table' and published.err then
+  if notify(ARGV[2], string.sub(ARGV[1], 1, 16)) then
     return 2
   end
   return 1

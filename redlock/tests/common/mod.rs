@@ -368,6 +368,18 @@ pub fn release_sha() -> String {
     redis::Script::new(source).get_hash().to_owned()
 }
 
+/// The SHA1 of the read-write lock's release script (also its clean-up's and a writer's
+/// withdrawal's).
+pub fn rw_release_sha() -> String {
+    let source = concat!(
+        include_str!("../../src/lua/rw_fields.lua"),
+        include_str!("../../src/lua/hash_common.lua"),
+        include_str!("../../src/lua/undo_mark.lua"),
+        include_str!("../../src/lua/hash_release.lua")
+    );
+    redis::Script::new(source).get_hash().to_owned()
+}
+
 /// The SHA1 of the plain lock's extension script.
 pub fn extend_sha() -> String {
     let source = concat!(

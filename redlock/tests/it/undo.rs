@@ -580,7 +580,8 @@ async fn a_cancelled_clean_up_and_a_new_attempt_stay_behind_the_unsent_acquisiti
         for i in 0..3 {
             cluster.node(i).set(&key, "foreign").unwrap();
         }
-        faulty.proxy(3).hold_requests_containing(b"redlock:released:", Duration::from_millis(300));
+        let clean_up = common::release_sha();
+        faulty.proxy(3).hold_requests_containing(clean_up.as_bytes(), Duration::from_millis(300));
         let a2 = tokio::time::timeout(Duration::from_millis(100), rl.try_lock(&key)).await;
         assert!(a2.is_err(), "round {round}: the failed attempt ended before its clean-up: {a2:?}");
         faulty.proxy(3).release_holds();

@@ -273,3 +273,114 @@ async fn fuzzed_plain_multi_with_lock_and_reentrant_keep_exclusion_and_fencing()
 fn id_index(id: &redlock_testkit::GrantId) -> usize {
     format!("{id:?}").trim_start_matches("GrantId(").trim_end_matches(')').parse().unwrap()
 }
+
+// Split votes: several clients, several tasks each, one key (or overlapping keys) with no
+// holder on a quorum between holds. Whatever the failed attempts' clean-ups tell (or do
+// not tell) the waiters, the key keeps being taken: the split voters try again on their
+// own.
+
+/// Each kind a storm of split votes can hit.
+#[derive(Clone, Copy, Debug)]
+enum Storm {
+    Plain,
+    Reentrant,
+    Writers,
+    Semaphore,
+    Multi,
+}
+
+/// Runs `CLIENTS` clients of `TASKS` tasks each, every task taking and releasing `kind`
+/// (held 2 ms) for `span`: how long each acquisition waited.
+async fn storm(cluster: &redlock_testkit::Cluster, kind: Storm, span: Duration) -> Vec<Duration> {
+    const CLIENTS: usize = 4;
+    const TASKS: usize = 3;
+    let waits = Arc::new(Mutex::new(Vec::new()));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..CLIENTS {
+        let rl = Redlock::builder()
+            .nodes(cluster.urls())
+            .ttl(Duration::from_secs(5))
+            .node_timeout(Duration::from_millis(300))
+            .retry(Retry::new().with_unbounded_attempts().with_max_wait(Duration::from_secs(60)))
+            .build()
+            .unwrap();
+        rl.connect().await.unwrap();
+        for t in 0..TASKS {
+            let (rl, waits) = (rl.clone(), waits.clone());
+            tasks.push(tokio::spawn(async move {
+                let owner = if (c + t) % 2 == 0 { "a" } else { "b" };
+                let keys: [&[&str]; 3] = [&["{m}a", "{m}b"], &["{m}b", "{m}c"], &["{m}c", "{m}a"]];
+                let keys = keys[(c * TASKS + t) % 3];
+                while start.elapsed() < span {
+                    let asked = Instant::now();
+                    let pause = || tokio::time::sleep(Duration::from_millis(2));
+                    match kind {
+                        Storm::Plain => {
+                            let hold = rl.lock("k").await.unwrap();
+                            pause().await;
+                            hold.release().await.unwrap();
+                        }
+                        Storm::Reentrant => {
+                            let hold = rl.reentrant("k", owner).await.unwrap();
+                            pause().await;
+                            hold.release().await.unwrap();
+                        }
+                        Storm::Writers => {
+                            let hold = rl.write("k").await.unwrap();
+                            pause().await;
+                            hold.release().await.unwrap();
+                        }
+                        Storm::Semaphore => {
+                            let hold = rl.semaphore("k", 2).await.unwrap();
+                            pause().await;
+                            hold.release().await.unwrap();
+                        }
+                        Storm::Multi => {
+                            let hold = rl.many(keys).await.unwrap();
+                            pause().await;
+                            hold.release().await.unwrap();
+                        }
+                    }
+                    // The wait alone (the hold and its release are ours, not the storm's).
+                    let waited = asked.elapsed().saturating_sub(Duration::from_millis(2));
+                    waits.lock().unwrap().push(waited);
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let mut waits = std::mem::take(&mut *waits.lock().unwrap());
+    waits.sort();
+    waits
+}
+
+/// Every kind keeps being taken under a storm of split votes from several clients: no
+/// kind's waiters stall on a key no one holds (the failed attempts' clean-ups free no
+/// quorum and tell no one; the split voters try again by themselves).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn split_votes_among_many_clients_keep_every_kind_taken() {
+    let cluster = common::cluster(3);
+    let span = Duration::from_secs(4);
+    let mut report = Vec::new();
+    for kind in [Storm::Plain, Storm::Reentrant, Storm::Writers, Storm::Semaphore, Storm::Multi] {
+        let waits = storm(&cluster, kind, span).await;
+        let at = |q: f64| waits[((waits.len() - 1) as f64 * q) as usize];
+        let line = format!(
+            "{kind:?}: {} acquisitions in {span:?}, wait p50 {:?} p99 {:?} max {:?}",
+            waits.len(),
+            at(0.5),
+            at(0.99),
+            waits[waits.len() - 1]
+        );
+        eprintln!("{line}");
+        report.push((kind, waits.len(), waits[waits.len() - 1], line));
+    }
+    for (kind, count, max, line) in report {
+        // Generous: a 2-core machine running other suites; a stall is seconds per task.
+        assert!(count >= 20, "{kind:?} barely taken: {line}");
+        assert!(max < Duration::from_secs(20), "{kind:?} stalled: {line}");
+    }
+}

@@ -889,3 +889,43 @@ async fn a_release_reaching_its_second_node_after_many_clean_ups_still_wakes_the
     let gap = granted_at - released_at;
     assert!(gap < Duration::from_secs(4), "granted {gap:?} after the release ({failed} clean-ups)");
 }
+
+/// An attempt granted on a quorum too late to use (its validity gone when the answers came
+/// back) holds the key on a quorum until its clean-up: that clean-up tells the waiters,
+/// and another client's waiter takes the key at once, not at its next poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_clean_up_of_an_attempt_granted_too_late_wakes_another_clients_waiter() {
+    let faulty = FaultyCluster::start(3).unwrap();
+    let cluster = faulty.cluster();
+    // A long node timeout: the acquisitions are run (before their deadline) but answered
+    // after the lease's validity is gone.
+    let late = common::builder_for(faulty.urls(), Duration::from_secs(5))
+        .ttl(Duration::from_millis(1800))
+        .build()
+        .unwrap();
+    common::connect_all(&late).await;
+    for i in 0..3 {
+        faulty.proxy(i).set_fault(common::latency(500));
+        faulty.proxy(i).hold_requests_containing(
+            common::plain_acquire_sha().as_bytes(),
+            Duration::from_millis(1000),
+        );
+    }
+    // Run at ~1.5 s, answered at ~2 s (validity 1.8 s gone), cleaned up at ~2.5 s: the key
+    // is held on every node for a second meanwhile and would expire only at ~3.3 s.
+    let attempt = tokio::spawn(async move { late.try_lock("k").await });
+    let held = || cluster.count_key("k") == 3;
+    assert!(common::eventually(Duration::from_secs(5), held).await, "the late attempt never ran");
+    let waiter = patient(cluster, Duration::from_secs(8), Duration::from_secs(30));
+    let waiting = tokio::spawn(async move {
+        let lock = waiter.lock("k").await.unwrap();
+        let granted_at = Instant::now();
+        lock.release().await.unwrap();
+        granted_at
+    });
+    let err = attempt.await.unwrap().unwrap_err();
+    let failed_at = Instant::now();
+    let granted_at = waiting.await.unwrap();
+    let gap = granted_at.saturating_duration_since(failed_at);
+    assert!(gap < Duration::from_secs(4), "woken {gap:?} after the clean-up ({err})");
+}

@@ -236,8 +236,15 @@ impl<P: Protocol> Claim<P> {
         };
         let mut args = self.undo_args();
         // Short of a quorum even where its answer is unknown, the attempt never held the
-        // key: its clean-up frees no quorum and tells no waiter.
-        let may_hold = round.outcomes.iter().filter(|outcome| !refused(outcome)).count();
+        // key: its clean-up frees no quorum and tells no waiter. A node the attempt never
+        // reached (down: no connection opened since it started) holds nothing of it, or
+        // with one node down every split attempt would still tell.
+        let nodes = &self.core.nodes;
+        let may_hold = (round.outcomes.iter().enumerate())
+            .filter(|&(i, outcome)| {
+                !refused(outcome) && nodes[i].may_have_reached(self.generations[i])
+            })
+            .count();
         args.quiet = may_hold < quorum::quorum(round.outcomes.len());
         let command = Arc::new(self.proto.command(Op::CleanUp, &args));
         let slots = Slots::new(round.outcomes.len());

@@ -929,3 +929,53 @@ async fn the_clean_up_of_an_attempt_granted_too_late_wakes_another_clients_waite
     let gap = granted_at.saturating_duration_since(failed_at);
     assert!(gap < Duration::from_secs(4), "woken {gap:?} after the clean-up ({err})");
 }
+
+/// As `a_release_reaching_its_second_node_after_many_clean_ups_still_wakes_the_waiter`,
+/// with one node down instead of held by someone else: the other client's attempts are
+/// granted on one node, refused on one and never sent to the third (its connection is
+/// refused), so they could not have held a quorum and their clean-ups tell no one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_reaching_its_second_node_after_many_clean_ups_wakes_the_waiter_with_a_node_down()
+{
+    let mut faulty = FaultyCluster::start(3).unwrap();
+    let holder = common::builder_for(faulty.urls(), Duration::from_secs(2)).build().unwrap();
+    let lock = holder.try_lock("k").await.unwrap();
+    let waiter = Redlock::builder()
+        .nodes(faulty.urls())
+        .node_timeout(Duration::from_millis(200))
+        .retry(
+            Retry::new()
+                .with_unbounded_attempts()
+                .with_delay(Duration::from_secs(8))
+                .with_jitter(Duration::ZERO)
+                .with_max_wait(Duration::from_secs(30)),
+        )
+        .build()
+        .unwrap();
+    let waiting = tokio::spawn(async move {
+        let lock = waiter.lock("k").await.unwrap();
+        let granted_at = Instant::now();
+        lock.release().await.unwrap();
+        granted_at
+    });
+    let subscribed = || common::subscribers(faulty.cluster(), "k").iter().all(|&n| n == 1);
+    assert!(common::eventually(Duration::from_secs(3), subscribed).await);
+    faulty.cluster_mut().node_mut(2).kill().unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    faulty.proxy(1).hold_requests_containing(lock.token().as_bytes(), Duration::from_millis(800));
+    let released_at = Instant::now();
+    let releasing = tokio::spawn(lock.release());
+    // Meanwhile another client's attempts take node 0, are refused by node 1, cannot reach
+    // node 2, and clean up on node 0.
+    let other = common::single_attempt(faulty.urls());
+    let mut failed = 0;
+    while released_at.elapsed() < Duration::from_millis(600) {
+        if other.try_lock("k").await.is_err() {
+            failed += 1;
+        }
+    }
+    releasing.await.unwrap().unwrap();
+    let granted_at = waiting.await.unwrap();
+    let gap = granted_at - released_at;
+    assert!(gap < Duration::from_secs(4), "granted {gap:?} after the release ({failed} clean-ups)");
+}

@@ -252,8 +252,7 @@ impl<P: Protocol> Claim<P> {
         let sent = (outcomes.iter().enumerate())
             .map(|(i, outcome)| (*outcome == NodeOutcome::Pending).then(|| slots.get(i)))
             .collect();
-        let tracked =
-            self.core.undos.track(self.proto.keys(), Some(&self.hold()), Sent::Some(sent));
+        let tracked = self.core.undos.track(self.proto.keys(), Some(self.hold()), Sent::Some(sent));
         let answered = |_: &quorum::Tally, outcomes: &[NodeOutcome]| {
             let done = granted.iter().all(|&i| outcomes[i] != NodeOutcome::Pending);
             done.then_some(Settled::Reached)
@@ -492,7 +491,7 @@ impl<P: Protocol> Claim<P> {
         F: Future<Output = (usize, NodeOutcome)>,
     {
         let sent = Sent::Everywhere(undos.slots().clone());
-        self.core.undos.track(self.proto.keys(), Some(&self.hold()), sent)
+        self.core.undos.track(self.proto.keys(), Some(self.hold()), sent)
     }
 
     /// Leaves the undos of `round` still in flight to the background, in `place`; see
@@ -534,7 +533,7 @@ impl<P: Protocol> Claim<P> {
     fn remake(&self, op: Op, command: &Arc<Command>) -> impl background::Remake + use<P> {
         let proto = self.proto.clone();
         let read = move |reply: &_| proto.answer(op, reply);
-        background::remake(&self.core, (self.proto.keys(), Some(&self.hold())), (op, command), read)
+        background::remake(&self.core, (self.proto.keys(), Some(self.hold())), (op, command), read)
     }
 
     /// The release of a claim dropped while armed: on the client's own thread, so that it
@@ -576,9 +575,8 @@ impl<P: Protocol> Claim<P> {
     }
 
     /// The hold, as the client's undos register it.
-    fn hold(&self) -> super::Abandoned {
-        let id = self.proto.identity();
-        super::Abandoned { token: id.token.as_str().into(), tombstone: (*id.tombstone).into() }
+    fn hold(&self) -> &super::Abandoned {
+        self.proto.identity().abandoned()
     }
 
     /// The nodes where the granting round saw no grant: refused there, or not answered by

@@ -135,6 +135,9 @@ pub(crate) struct Identity {
     pub(crate) token: crate::token::Token,
     /// The token's tombstone on the nodes (see [`crate::tombstone`]), next to the first key.
     pub(crate) tombstone: Box<str>,
+    /// The hold as the client's undos register it, made once: a release registers it
+    /// twice (its round, and the undos it may remake), an acquisition never.
+    abandoned: std::sync::OnceLock<Abandoned>,
 }
 
 impl Identity {
@@ -146,7 +149,15 @@ impl Identity {
             Some(key) => crate::tombstone::key(key, token.as_str()).into(),
             None => Box::default(),
         };
-        Self { kind, keys, token, tombstone }
+        Self { kind, keys, token, tombstone, abandoned: std::sync::OnceLock::new() }
+    }
+
+    /// The hold, as the client's undos register it.
+    pub(crate) fn abandoned(&self) -> &Abandoned {
+        self.abandoned.get_or_init(|| Abandoned {
+            token: self.token.as_str().into(),
+            tombstone: (*self.tombstone).into(),
+        })
     }
 }
 

@@ -764,7 +764,7 @@ impl Node {
     /// costs a caller one connect timeout per outage, not one per request). `Err` when the
     /// connect it waited for failed: nothing was sent.
     pub(crate) async fn connect_first(&self) -> Result<(), Failure> {
-        if self.ready().is_some() || self.connections.connect_failed.load(Ordering::Relaxed) {
+        if self.is_open() || self.connections.connect_failed.load(Ordering::Relaxed) {
             return Ok(());
         }
         self.open_now().await
@@ -919,6 +919,12 @@ impl Node {
             }),
             _ => None,
         }
+    }
+
+    /// Whether the caller's connection is open: [`Node::ready`] without the clone of the
+    /// connection (several reference counts), for a check made before every request.
+    fn is_open(&self) -> bool {
+        matches!(self.lock_lanes().state(self.place()), Some(State::Ready { .. }))
     }
 
     /// The caller's connection (its place's: see [`Place`]), opening it if needed.

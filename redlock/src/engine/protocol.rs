@@ -91,7 +91,11 @@ impl<'a> Args<'a> {
     /// The script's keys for an acquisition of `keys` by the hold whose tombstone is
     /// `tombstone`: the lock keys, the abandoned holds' tombstones (in the order of their
     /// tokens), then its own tombstone, last, where every script finds it.
-    pub(crate) fn acquire_keys<'k>(&self, keys: &[&'k str], tombstone: &'k str) -> Vec<&'k str>
+    pub(crate) fn acquire_keys<'k>(
+        &self,
+        keys: &[&'k str],
+        tombstone: &'k str,
+    ) -> smallvec::SmallVec<[&'k str; 4]>
     where
         'a: 'k,
     {
@@ -115,8 +119,8 @@ impl Keep {
     pub(crate) const NONE: Self = Self(0);
 
     /// As sent.
-    pub(crate) fn arg(self) -> String {
-        self.0.to_string()
+    pub(crate) fn arg(self) -> crate::command::Digits {
+        crate::command::Digits::new(self.0)
     }
 }
 

@@ -103,7 +103,7 @@ impl Redlock {
                 match node.connect_first().await {
                     Ok(()) => {
                         let by = crate::clock::now() + timeout;
-                        tokio::time::timeout(timeout, node.send(&command, timeout, by)).await
+                        tokio::time::timeout(timeout, node.send(&command, timeout, Some(by))).await
                     }
                     Err(failure) => Ok(crate::node::Reply::unconnected(failure)),
                 }
@@ -183,7 +183,7 @@ impl Redlock {
         let timeout = self.core.config.node_timeout * 2;
         let removals = self.core.nodes.iter().map(|node| {
             let by = crate::clock::now() + timeout;
-            let sent = tokio::time::timeout(timeout, node.send(&command, timeout, by));
+            let sent = tokio::time::timeout(timeout, node.send(&command, timeout, Some(by)));
             async move { matches!(sent.await, Ok(reply) if reply.value.is_ok()) }
         });
         futures::future::join_all(removals).await.into_iter().filter(|&ok| ok).count()

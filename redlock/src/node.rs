@@ -585,13 +585,15 @@ impl Node {
     /// forgotten), or gets it later from the reading in use (its error only grows with its
     /// age until the create's deadline is given). A slow reading once, long before, no
     /// longer counts: it widens the bounds of the holds whose creates it stamped only.
-    pub(crate) fn late_by(&self, since: Instant) -> Duration {
+    ///
+    /// Asked at `now`: a caller that asks every node reads the clock once.
+    pub(crate) fn late_by(&self, since: Instant, now: Instant) -> Duration {
         let Some(reading) = *lock_ignoring_poison(&self.clock) else {
             return timing::UNREAD_CLOCK_ERROR;
         };
         let period = self.nanos(since) / duration_ns(timing::CLOCK_ERROR_PERIOD).max(1);
         let given = lock_ignoring_poison(&self.errors).since(period);
-        let now = duration_us(reading.error(crate::clock::now()));
+        let now = duration_us(reading.error(now));
         let widest = given.max(now).max(duration_us(timing::CLOCK_MIN_ERROR));
         Duration::from_micros(widest) * 2
     }
@@ -790,8 +792,14 @@ impl Node {
     /// at all once `by` has passed (it answers `LATE`, as the node would): the client's
     /// bounds on what a create may still set count on every create going out by then,
     /// however late its future is polled (a caller's runtime idle or blocked meanwhile).
-    pub(crate) async fn send(&self, command: &Command, within: Duration, by: Instant) -> Reply {
-        let bound = command.is_bounded().then_some((within, by));
+    pub(crate) async fn send(
+        &self,
+        command: &Command,
+        within: Duration,
+        by: Option<Instant>,
+    ) -> Reply {
+        // A create without a time to go out by goes out by now: never later than asked.
+        let bound = command.is_bounded().then(|| (within, by.unwrap_or_else(crate::clock::now)));
         let reply = self.send_cmd(command.first(), command.resend(), bound).await;
         if !matches!(&reply.value, Err(failure) if failure.is_noscript()) {
             return reply;
@@ -1393,14 +1401,17 @@ mod tests {
         // reading's error (1 ms, grown by 3 ms), in the node's milliseconds.
         assert_eq!(node.deadline(ms(50)).await, 1_000_000_000 + 3_000 + 50 + 4);
         // A create given up on may run that late: twice the widest error given.
-        assert_eq!(node.late_by(at), ms(8));
+        assert_eq!(node.late_by(at, crate::clock::now()), ms(8));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_node_whose_clock_was_never_read_gets_creates_with_no_deadline() {
         let node = node();
         assert_eq!(node.deadline(Duration::from_millis(50)).await, 0, "none");
-        assert_eq!(node.late_by(crate::clock::now()), timing::UNREAD_CLOCK_ERROR);
+        assert_eq!(
+            node.late_by(crate::clock::now(), crate::clock::now()),
+            timing::UNREAD_CLOCK_ERROR
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -1418,12 +1429,15 @@ mod tests {
         *lock_ignoring_poison(&node.clock) =
             Some(NodeClock::taken(after - ms(1), after + ms(1), (1_000_002, 0)));
         node.deadline(ms(50)).await;
-        assert!(node.late_by(before) >= ms(300), "a hold that began before the slow reading");
-        assert_eq!(node.late_by(after), ms(2), "one that began after it");
+        assert!(
+            node.late_by(before, crate::clock::now()) >= ms(300),
+            "a hold that began before the slow reading"
+        );
+        assert_eq!(node.late_by(after, crate::clock::now()), ms(2), "one that began after it");
         // The reading in use counts, whenever the hold began: its creates may still use it.
         *lock_ignoring_poison(&node.clock) =
             Some(NodeClock::taken(after - ms(20), after + ms(20), (1_000_002, 0)));
-        assert_eq!(node.late_by(after), ms(40));
+        assert_eq!(node.late_by(after, crate::clock::now()), ms(40));
     }
 
     #[test]

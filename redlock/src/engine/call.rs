@@ -66,7 +66,10 @@ impl NodeCall {
         // caller's runtime may sit idle or blocked with it in flight): what the claim's
         // horizon counts on (a connect timeout, then a node timeout for a send again on a
         // new connection). Past it the create is not sent, so it cannot outlive its undo.
-        let by = crate::clock::now() + timing::sent_within(core.config.connect_timeout, timeout);
+        // Only a create has one: no clock read for the others.
+        let by = command.is_bounded().then(|| {
+            crate::clock::now() + timing::sent_within(core.config.connect_timeout, timeout)
+        });
         // Made before the future: a request dropped before its first poll settles too.
         let settle = SettleOnDrop::new(slot);
         async move {
@@ -131,7 +134,7 @@ where
 async fn undo_again(
     node: &Node,
     command: &Command,
-    (timeout, by): (Duration, std::time::Instant),
+    (timeout, by): (Duration, Option<std::time::Instant>),
     first: Reply,
     since: u64,
 ) -> Option<Reply> {

@@ -561,8 +561,11 @@ impl<P: Protocol> Claim<P> {
     /// lease, longer by the drift allowance if the node's clock runs slow.
     fn horizon(&self) -> Instant {
         let config = &self.core.config;
-        let late_by =
-            self.core.nodes.iter().map(|node| node.late_by(self.since)).max().unwrap_or_default();
+        let now = clock::now();
+        let late_by = (self.core.nodes.iter())
+            .map(|node| node.late_by(self.since, now))
+            .max()
+            .unwrap_or_default();
         horizon(self.expires_by, (config.connect_timeout, config.node_timeout), late_by, self.ttl)
     }
 

@@ -305,6 +305,10 @@ impl Drop for Watch {
     }
 }
 
+/// What [`Node::connect_first`] found: the caller's connection if it was open already.
+#[derive(Default)]
+pub(crate) struct Connected(Option<Handle>);
+
 /// A connection and the generation that identifies it, so that a caller who saw it fail
 /// only discards that very connection, never a newer one.
 #[derive(Clone)]
@@ -765,11 +769,17 @@ impl Node {
     /// connect, as it bounds the rest of its request (a node that swallows connections
     /// costs a caller one connect timeout per outage, not one per request). `Err` when the
     /// connect it waited for failed: nothing was sent.
-    pub(crate) async fn connect_first(&self) -> Result<(), Failure> {
-        if self.is_open() || self.connections.connect_failed.load(Ordering::Relaxed) {
-            return Ok(());
+    ///
+    /// `Ok` carries the connection when it was open already (the common case): the send
+    /// that follows at once takes it from there instead of looking it up again.
+    pub(crate) async fn connect_first(&self) -> Result<Connected, Failure> {
+        if let Some(handle) = self.ready() {
+            return Ok(Connected(Some(handle)));
         }
-        self.open_now().await
+        if self.connections.connect_failed.load(Ordering::Relaxed) {
+            return Ok(Connected::default());
+        }
+        self.open_now().await.map(|()| Connected::default())
     }
 
     /// Opens the node's connection if it has none (for at most the connect timeout),
@@ -792,15 +802,18 @@ impl Node {
     /// at all once `by` has passed (it answers `LATE`, as the node would): the client's
     /// bounds on what a create may still set count on every create going out by then,
     /// however late its future is polled (a caller's runtime idle or blocked meanwhile).
+    ///
+    /// `connected` is what [`Node::connect_first`] found, if it was just now.
     pub(crate) async fn send(
         &self,
         command: &Command,
         within: Duration,
         by: Option<Instant>,
+        connected: Connected,
     ) -> Reply {
         // A create without a time to go out by goes out by now: never later than asked.
         let bound = command.is_bounded().then(|| (within, by.unwrap_or_else(crate::clock::now)));
-        let reply = self.send_cmd(command.first(), command.resend(), bound).await;
+        let reply = self.send_cmd(command.first(), command.resend(), bound, connected.0).await;
         if !matches!(&reply.value, Err(failure) if failure.is_noscript()) {
             return reply;
         }
@@ -808,7 +821,7 @@ impl Node {
         // NOSCRIPT: the script did not run, so sending it in full is no repetition. Boxed,
         // like every rare path here: the request future stays smaller, and a round moves
         // its requests around.
-        Box::pin(self.send_cmd(&eval, command.resend(), bound)).await
+        Box::pin(self.send_cmd(&eval, command.resend(), bound, None)).await
     }
 
     /// `cmd`, ending with its deadline if it is `bound` to be given up on that long after
@@ -833,16 +846,19 @@ impl Node {
         Ok(Cow::Owned(command::with_last_arg(cmd, deadline)))
     }
 
+    /// `cmd` on `first` if given (the caller's connection, looked up a moment ago), or on
+    /// the caller's connection now.
     async fn send_cmd(
         &self,
         cmd: &Cmd,
         resend: Resend,
         bound: Option<(Duration, Instant)>,
+        first: Option<Handle>,
     ) -> Reply {
         if resend == Resend::Never {
             return Box::pin(self.send_once(cmd)).await;
         }
-        let first = match self.ready() {
+        let first = match first.or_else(|| self.ready()) {
             Some(handle) => handle,
             None => match Box::pin(self.connection()).await {
                 Ok(handle) => handle,
@@ -927,12 +943,6 @@ impl Node {
             }),
             _ => None,
         }
-    }
-
-    /// Whether the caller's connection is open: [`Node::ready`] without the clone of the
-    /// connection (several reference counts), for a check made before every request.
-    fn is_open(&self) -> bool {
-        matches!(self.lock_lanes().state(self.place()), Some(State::Ready { .. }))
     }
 
     /// The caller's connection (its place's: see [`Place`]), opening it if needed.

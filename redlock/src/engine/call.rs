@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use crate::command::{Command, Resend};
 use crate::error::NodeOutcome;
-use crate::node::{Failure, Node, Reply};
+use crate::node::{Connected, Failure, Node, Reply};
 use crate::telemetry;
 
 use super::Core;
@@ -81,8 +81,9 @@ impl NodeCall {
                 // attempt's.
                 return (i, NodeOutcome::Absent);
             }
-            let reply =
-                exchange(node.connect_first(), timeout, || node.send(&command, timeout, by));
+            let reply = exchange(node.connect_first(), timeout, |connected| {
+                node.send(&command, timeout, by, connected)
+            });
             let reply = match reply.await {
                 Some(reply) if reply.is_lost() && op.is_undo() => {
                     // Rare: boxed, so that every request's future stays small.
@@ -114,15 +115,15 @@ impl NodeCall {
 /// One exchange with a node: `connected` (the wait for its connection, which bounds
 /// itself: see `Node::connect_first`), then `send`, given `timeout` from the moment the
 /// connection is there; `None` when the request ran out of it.
-async fn exchange<C, S, F>(connected: C, timeout: Duration, send: S) -> Option<Reply>
+async fn exchange<C, T, S, F>(connected: C, timeout: Duration, send: S) -> Option<Reply>
 where
-    C: Future<Output = Result<(), Failure>>,
-    S: FnOnce() -> F,
+    C: Future<Output = Result<T, Failure>>,
+    S: FnOnce(T) -> F,
     F: Future<Output = Reply>,
 {
     match connected.await {
         Err(failure) => Some(Reply::unconnected(failure)),
-        Ok(()) => tokio::time::timeout(timeout, send()).await.ok(),
+        Ok(connected) => tokio::time::timeout(timeout, send(connected)).await.ok(),
     }
 }
 
@@ -142,8 +143,8 @@ async fn undo_again(
         return Some(first);
     }
     let reached = || node.may_have_reached(since);
-    resend_lost(first, reached, || tokio::time::timeout(timeout, node.send(command, timeout, by)))
-        .await
+    let send = || node.send(command, timeout, by, Connected::default());
+    resend_lost(first, reached, || tokio::time::timeout(timeout, send())).await
 }
 
 /// [`undo_again`]'s pacing, with the node behind two seams: `reached` says whether what the
@@ -208,12 +209,12 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(800)).await;
             Ok(())
         };
-        let reply = exchange(connected, timeout, std::future::pending::<Reply>).await;
+        let reply = exchange(connected, timeout, |()| std::future::pending::<Reply>()).await;
         assert!(reply.is_none(), "timed out");
         assert_eq!(start.elapsed(), Duration::from_millis(850));
         // An answer within the node timeout is the reply.
         let start = Instant::now();
-        let slow = || async {
+        let slow = |()| async {
             tokio::time::sleep(Duration::from_millis(49)).await;
             answered()
         };
@@ -223,7 +224,7 @@ mod tests {
         // A connect that failed sends nothing, and is a reply of its own at once.
         let refused = async { Err(Failure::Refused("refused".into())) };
         let sent = std::cell::Cell::new(false);
-        let reply = exchange(refused, timeout, || {
+        let reply = exchange(refused, timeout, |()| {
             sent.set(true);
             std::future::pending::<Reply>()
         })

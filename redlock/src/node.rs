@@ -467,7 +467,12 @@ impl NodeClock {
 
     /// The reading's error at `now`: its round trip's, grown by the drift since.
     fn error(&self, now: Instant) -> Duration {
-        let aged = now.saturating_duration_since(self.at).mul_f64(timing::CLOCK_DRIFT);
+        self.error_at_age(now.saturating_duration_since(self.at))
+    }
+
+    /// [`NodeClock::error`] at `age` past the reading.
+    fn error_at_age(&self, age: Duration) -> Duration {
+        let aged = age.mul_f64(timing::CLOCK_DRIFT);
         (self.error + aged).max(timing::CLOCK_MIN_ERROR)
     }
 }
@@ -547,18 +552,30 @@ impl Node {
     /// `None` when it must be read first.
     fn known_deadline(&self, within: Duration, now: Instant) -> Option<u64> {
         let clock = (*lock_ignoring_poison(&self.clock))?;
-        match Freshness::of(now.saturating_duration_since(clock.at)) {
+        let age = now.saturating_duration_since(clock.at);
+        match Freshness::of(age) {
             Freshness::Fresh => {}
             Freshness::Aging => self.read_clock_again(),
             Freshness::Stale => return None,
         }
-        Some(self.deadline_on(clock, within, now))
+        Some(self.deadline_aged(clock, within, now, age))
     }
 
     fn deadline_on(&self, clock: NodeClock, within: Duration, now: Instant) -> u64 {
-        let error = clock.error(now);
+        self.deadline_aged(clock, within, now, now.saturating_duration_since(clock.at))
+    }
+
+    /// [`Node::deadline_on`] for a reading `age` old at `now` (every create reads it once).
+    fn deadline_aged(
+        &self,
+        clock: NodeClock,
+        within: Duration,
+        now: Instant,
+        age: Duration,
+    ) -> u64 {
+        let error = clock.error_at_age(age);
         self.note_error(now, duration_us(error));
-        let elapsed = now.saturating_duration_since(clock.at) + within + error;
+        let elapsed = age + within + error;
         let us = u128::from(clock.node_us) + elapsed.as_micros();
         u64::try_from(us.div_ceil(1000)).unwrap_or(u64::MAX)
     }

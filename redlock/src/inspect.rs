@@ -101,9 +101,10 @@ impl Redlock {
             // The node timeout starts once the node has a connection, as in a lock's round.
             let sent = async {
                 match node.connect_first().await {
-                    Ok(()) => {
+                    Ok(connected) => {
                         let by = crate::clock::now() + timeout;
-                        tokio::time::timeout(timeout, node.send(&command, timeout, by)).await
+                        let send = node.send(&command, timeout, Some(by), connected);
+                        tokio::time::timeout(timeout, send).await
                     }
                     Err(failure) => Ok(crate::node::Reply::unconnected(failure)),
                 }
@@ -183,7 +184,8 @@ impl Redlock {
         let timeout = self.core.config.node_timeout * 2;
         let removals = self.core.nodes.iter().map(|node| {
             let by = crate::clock::now() + timeout;
-            let sent = tokio::time::timeout(timeout, node.send(&command, timeout, by));
+            let send = node.send(&command, timeout, Some(by), Default::default());
+            let sent = tokio::time::timeout(timeout, send);
             async move { matches!(sent.await, Ok(reply) if reply.value.is_ok()) }
         });
         futures::future::join_all(removals).await.into_iter().filter(|&ok| ok).count()

@@ -305,6 +305,10 @@ impl Drop for Watch {
     }
 }
 
+/// What [`Node::connect_first`] found: the caller's connection if it was open already.
+#[derive(Default)]
+pub(crate) struct Connected(Option<Handle>);
+
 /// A connection and the generation that identifies it, so that a caller who saw it fail
 /// only discards that very connection, never a newer one.
 #[derive(Clone)]
@@ -463,7 +467,12 @@ impl NodeClock {
 
     /// The reading's error at `now`: its round trip's, grown by the drift since.
     fn error(&self, now: Instant) -> Duration {
-        let aged = now.saturating_duration_since(self.at).mul_f64(timing::CLOCK_DRIFT);
+        self.error_at_age(now.saturating_duration_since(self.at))
+    }
+
+    /// [`NodeClock::error`] at `age` past the reading.
+    fn error_at_age(&self, age: Duration) -> Duration {
+        let aged = age.mul_f64(timing::CLOCK_DRIFT);
         (self.error + aged).max(timing::CLOCK_MIN_ERROR)
     }
 }
@@ -544,18 +553,30 @@ impl Node {
     /// `None` when it must be read first.
     fn known_deadline(&self, within: Duration, now: Instant) -> Option<u64> {
         let clock = (*lock_ignoring_poison(&self.clock))?;
-        match Freshness::of(now.saturating_duration_since(clock.at)) {
+        let age = now.saturating_duration_since(clock.at);
+        match Freshness::of(age) {
             Freshness::Fresh => {}
             Freshness::Aging => self.read_clock_again(),
             Freshness::Stale => return None,
         }
-        Some(self.deadline_on(clock, within, now))
+        Some(self.deadline_aged(clock, within, now, age))
     }
 
     fn deadline_on(&self, clock: NodeClock, within: Duration, now: Instant) -> u64 {
-        let error = clock.error(now);
+        self.deadline_aged(clock, within, now, now.saturating_duration_since(clock.at))
+    }
+
+    /// [`Node::deadline_on`] for a reading `age` old at `now` (every create reads it once).
+    fn deadline_aged(
+        &self,
+        clock: NodeClock,
+        within: Duration,
+        now: Instant,
+        age: Duration,
+    ) -> u64 {
+        let error = clock.error_at_age(age);
         self.note_error(now, duration_us(error));
-        let elapsed = now.saturating_duration_since(clock.at) + within + error;
+        let elapsed = age + within + error;
         let us = u128::from(clock.node_us) + elapsed.as_micros();
         u64::try_from(us.div_ceil(1000)).unwrap_or(u64::MAX)
     }
@@ -588,7 +609,9 @@ impl Node {
     /// age until the create's deadline is given: a reading taken later replaces it only
     /// when narrower, see [`keep_reading`]). A slow reading once, long before, no
     /// longer counts: it widens the bounds of the holds whose creates it stamped only.
-    pub(crate) fn late_by(&self, since: Instant) -> Duration {
+    ///
+    /// Asked at `now`: a caller that asks every node reads the clock once.
+    pub(crate) fn late_by(&self, since: Instant, now: Instant) -> Duration {
         let Some(reading) = *lock_ignoring_poison(&self.clock) else {
             // A first reading may still come, as slow as a connect (or a read of the clock)
             // may run: its error up to half that, twice over for a create it stamps.
@@ -596,7 +619,7 @@ impl Node {
         };
         let period = self.nanos(since) / duration_ns(timing::CLOCK_ERROR_PERIOD).max(1);
         let given = lock_ignoring_poison(&self.errors).since(period);
-        let now = duration_us(reading.error(crate::clock::now()));
+        let now = duration_us(reading.error(now));
         let widest = given.max(now).max(duration_us(timing::CLOCK_MIN_ERROR));
         Duration::from_micros(widest) * 2
     }
@@ -773,11 +796,17 @@ impl Node {
     /// connect, as it bounds the rest of its request (a node that swallows connections
     /// costs a caller one connect timeout per outage, not one per request). `Err` when the
     /// connect it waited for failed: nothing was sent.
-    pub(crate) async fn connect_first(&self) -> Result<(), Failure> {
-        if self.ready().is_some() || self.connections.connect_failed.load(Ordering::Relaxed) {
-            return Ok(());
+    ///
+    /// `Ok` carries the connection when it was open already (the common case): the send
+    /// that follows at once takes it from there instead of looking it up again.
+    pub(crate) async fn connect_first(&self) -> Result<Connected, Failure> {
+        if let Some(handle) = self.ready() {
+            return Ok(Connected(Some(handle)));
         }
-        self.open_now().await
+        if self.connections.connect_failed.load(Ordering::Relaxed) {
+            return Ok(Connected::default());
+        }
+        self.open_now().await.map(|()| Connected::default())
     }
 
     /// Opens the node's connection if it has none (for at most the connect timeout),
@@ -800,9 +829,18 @@ impl Node {
     /// at all once `by` has passed (it answers `LATE`, as the node would): the client's
     /// bounds on what a create may still set count on every create going out by then,
     /// however late its future is polled (a caller's runtime idle or blocked meanwhile).
-    pub(crate) async fn send(&self, command: &Command, within: Duration, by: Instant) -> Reply {
-        let bound = command.is_bounded().then_some((within, by));
-        let reply = self.send_cmd(command.first(), command.resend(), bound).await;
+    ///
+    /// `connected` is what [`Node::connect_first`] found, if it was just now.
+    pub(crate) async fn send(
+        &self,
+        command: &Command,
+        within: Duration,
+        by: Option<Instant>,
+        connected: Connected,
+    ) -> Reply {
+        // A create without a time to go out by goes out by now: never later than asked.
+        let bound = command.is_bounded().then(|| (within, by.unwrap_or_else(crate::clock::now)));
+        let reply = self.send_cmd(command.first(), command.resend(), bound, connected.0).await;
         if !matches!(&reply.value, Err(failure) if failure.is_noscript()) {
             return reply;
         }
@@ -810,7 +848,7 @@ impl Node {
         // NOSCRIPT: the script did not run, so sending it in full is no repetition. Boxed,
         // like every rare path here: the request future stays smaller, and a round moves
         // its requests around.
-        Box::pin(self.send_cmd(&eval, command.resend(), bound)).await
+        Box::pin(self.send_cmd(&eval, command.resend(), bound, None)).await
     }
 
     /// `cmd`, ending with its deadline if it is `bound` to be given up on that long after
@@ -835,16 +873,19 @@ impl Node {
         Ok(Cow::Owned(command::with_last_arg(cmd, deadline)))
     }
 
+    /// `cmd` on `first` if given (the caller's connection, looked up a moment ago), or on
+    /// the caller's connection now.
     async fn send_cmd(
         &self,
         cmd: &Cmd,
         resend: Resend,
         bound: Option<(Duration, Instant)>,
+        first: Option<Handle>,
     ) -> Reply {
         if resend == Resend::Never {
             return Box::pin(self.send_once(cmd)).await;
         }
-        let first = match self.ready() {
+        let first = match first.or_else(|| self.ready()) {
             Some(handle) => handle,
             None => match Box::pin(self.connection()).await {
                 Ok(handle) => handle,
@@ -1416,14 +1457,17 @@ mod tests {
         // reading's error (1 ms, grown by 3 ms), in the node's milliseconds.
         assert_eq!(node.deadline(ms(50)).await, 1_000_000_000 + 3_000 + 50 + 4);
         // A create given up on may run that late: twice the widest error given.
-        assert_eq!(node.late_by(at), ms(8));
+        assert_eq!(node.late_by(at, crate::clock::now()), ms(8));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_node_whose_clock_was_never_read_gets_creates_with_no_deadline() {
         let node = node();
         assert_eq!(node.deadline(Duration::from_millis(50)).await, 0, "none");
-        assert_eq!(node.late_by(crate::clock::now()), timing::UNREAD_CLOCK_ERROR);
+        assert_eq!(
+            node.late_by(crate::clock::now(), crate::clock::now()),
+            timing::UNREAD_CLOCK_ERROR
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -1441,12 +1485,15 @@ mod tests {
         *lock_ignoring_poison(&node.clock) =
             Some(NodeClock::taken(after - ms(1), after + ms(1), (1_000_002, 0)));
         node.deadline(ms(50)).await;
-        assert!(node.late_by(before) >= ms(300), "a hold that began before the slow reading");
-        assert_eq!(node.late_by(after), ms(2), "one that began after it");
+        assert!(
+            node.late_by(before, crate::clock::now()) >= ms(300),
+            "a hold that began before the slow reading"
+        );
+        assert_eq!(node.late_by(after, crate::clock::now()), ms(2), "one that began after it");
         // The reading in use counts, whenever the hold began: its creates may still use it.
         *lock_ignoring_poison(&node.clock) =
             Some(NodeClock::taken(after - ms(20), after + ms(20), (1_000_002, 0)));
-        assert_eq!(node.late_by(after), ms(40));
+        assert_eq!(node.late_by(after, crate::clock::now()), ms(40));
     }
 
     #[tokio::test(start_paused = true)]

@@ -16,11 +16,20 @@ const MARK: &str = ":undone:";
 /// no tag (a `{` with no `}` after it, or a `}` alone) is the one case whose tombstone may
 /// land in another slot.
 pub(crate) fn key(key: &str, token: &str) -> String {
-    if has_hash_tag(key) {
-        format!("{key}{MARK}{token}")
-    } else {
-        format!("{key}{MARK}{{{key}}}:{token}")
+    // Built at its final size: every acquisition makes one, and `format!` costs several
+    // times as much (and leaves room that a boxed `str` then gives back).
+    let tagged = has_hash_tag(key);
+    let tag = if tagged { 0 } else { key.len() + "{}:".len() };
+    let mut name = String::with_capacity(key.len() + MARK.len() + tag + token.len());
+    name.push_str(key);
+    name.push_str(MARK);
+    if !tagged {
+        name.push('{');
+        name.push_str(key);
+        name.push_str("}:");
     }
+    name.push_str(token);
+    name
 }
 
 #[cfg(test)]

@@ -268,8 +268,7 @@ impl<P: Protocol> Claim<P> {
         let sent = (outcomes.iter().enumerate())
             .map(|(i, outcome)| (*outcome == NodeOutcome::Pending).then(|| slots.get(i)))
             .collect();
-        let tracked =
-            self.core.undos.track(self.proto.keys(), Some(&self.hold()), Sent::Some(sent));
+        let tracked = self.core.undos.track(self.proto.keys(), Some(self.hold()), Sent::Some(sent));
         let answered = |_: &quorum::Tally, outcomes: &[NodeOutcome]| {
             let done = granted.iter().all(|&i| outcomes[i] != NodeOutcome::Pending);
             done.then_some(Settled::Reached)
@@ -508,7 +507,7 @@ impl<P: Protocol> Claim<P> {
         F: Future<Output = (usize, NodeOutcome)>,
     {
         let sent = Sent::Everywhere(undos.slots().clone());
-        self.core.undos.track(self.proto.keys(), Some(&self.hold()), sent)
+        self.core.undos.track(self.proto.keys(), Some(self.hold()), sent)
     }
 
     /// Leaves the undos of `round` still in flight to the background, in `place`; see
@@ -550,7 +549,7 @@ impl<P: Protocol> Claim<P> {
     fn remake(&self, op: Op, command: &Arc<Command>) -> impl background::Remake + use<P> {
         let proto = self.proto.clone();
         let read = move |reply: &_| proto.answer(op, reply);
-        background::remake(&self.core, (self.proto.keys(), Some(&self.hold())), (op, command), read)
+        background::remake(&self.core, (self.proto.keys(), Some(self.hold())), (op, command), read)
     }
 
     /// The release of a claim dropped while armed: on the client's own thread, so that it
@@ -578,8 +577,11 @@ impl<P: Protocol> Claim<P> {
     /// lease, longer by the drift allowance if the node's clock runs slow.
     fn horizon(&self) -> Instant {
         let config = &self.core.config;
-        let late_by =
-            self.core.nodes.iter().map(|node| node.late_by(self.since)).max().unwrap_or_default();
+        let now = clock::now();
+        let late_by = (self.core.nodes.iter())
+            .map(|node| node.late_by(self.since, now))
+            .max()
+            .unwrap_or_default();
         horizon(self.expires_by, (config.connect_timeout, config.node_timeout), late_by, self.ttl)
     }
 
@@ -592,9 +594,8 @@ impl<P: Protocol> Claim<P> {
     }
 
     /// The hold, as the client's undos register it.
-    fn hold(&self) -> super::Abandoned {
-        let id = self.proto.identity();
-        super::Abandoned { token: id.token.as_str().into(), tombstone: (*id.tombstone).into() }
+    fn hold(&self) -> &super::Abandoned {
+        self.proto.identity().abandoned()
     }
 
     /// The nodes where the granting round saw no grant: refused there, or not answered by

@@ -103,7 +103,11 @@ impl<'a> Args<'a> {
     /// The script's keys for an acquisition of `keys` by the hold whose tombstone is
     /// `tombstone`: the lock keys, the abandoned holds' tombstones (in the order of their
     /// tokens), then its own tombstone, last, where every script finds it.
-    pub(crate) fn acquire_keys<'k>(&self, keys: &[&'k str], tombstone: &'k str) -> Vec<&'k str>
+    pub(crate) fn acquire_keys<'k>(
+        &self,
+        keys: &[&'k str],
+        tombstone: &'k str,
+    ) -> smallvec::SmallVec<[&'k str; 4]>
     where
         'a: 'k,
     {
@@ -127,8 +131,8 @@ impl Keep {
     pub(crate) const NONE: Self = Self(0);
 
     /// As sent.
-    pub(crate) fn arg(self) -> String {
-        self.0.to_string()
+    pub(crate) fn arg(self) -> crate::command::Digits {
+        crate::command::Digits::new(self.0)
     }
 }
 
@@ -147,6 +151,9 @@ pub(crate) struct Identity {
     pub(crate) token: crate::token::Token,
     /// The token's tombstone on the nodes (see [`crate::tombstone`]), next to the first key.
     pub(crate) tombstone: Box<str>,
+    /// The hold as the client's undos register it, made once: a release registers it
+    /// twice (its round, and the undos it may remake), an acquisition never.
+    abandoned: std::sync::OnceLock<Abandoned>,
 }
 
 impl Identity {
@@ -158,7 +165,15 @@ impl Identity {
             Some(key) => crate::tombstone::key(key, token.as_str()).into(),
             None => Box::default(),
         };
-        Self { kind, keys, token, tombstone }
+        Self { kind, keys, token, tombstone, abandoned: std::sync::OnceLock::new() }
+    }
+
+    /// The hold, as the client's undos register it.
+    pub(crate) fn abandoned(&self) -> &Abandoned {
+        self.abandoned.get_or_init(|| Abandoned {
+            token: self.token.as_str().into(),
+            tombstone: (*self.tombstone).into(),
+        })
     }
 }
 

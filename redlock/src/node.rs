@@ -1506,7 +1506,7 @@ mod tests {
         // A slow one (a new connection's `TIME` held back): the quick one stays.
         let slow = NodeClock::taken(now - ms(300), now + ms(300), (1_000_000, 0));
         assert!(!keep_reading(&node.clock, slow));
-        assert_eq!(node.late_by(now), ms(2));
+        assert_eq!(node.late_by(now, now), ms(2));
         // Once the quick one aged past it, a slow one is narrower.
         tokio::time::advance(Duration::from_secs(400)).await;
         let later = crate::clock::now();

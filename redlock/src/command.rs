@@ -152,7 +152,6 @@ impl Command {
     }
 }
 
-/// One argument of a script, written straight into the command.
 /// `cmd` with `last` after its arguments, made at its final size: every create gets its own
 /// deadline this way, on every node (a clone of the shared command would grow both of its
 /// buffers once more).
@@ -205,6 +204,7 @@ impl Digits {
     }
 }
 
+/// One argument of a script, written straight into the command.
 pub(crate) trait ScriptArg {
     /// Its length in bytes.
     fn size(&self) -> usize;

@@ -99,6 +99,11 @@ impl Ttl {
         self.ms
     }
 
+    /// [`Ttl::ms`] as a script argument.
+    pub(crate) fn arg(self) -> crate::command::Digits {
+        crate::command::Digits::new(self.ms)
+    }
+
     /// The lease as a duration (whole milliseconds).
     pub(crate) fn duration(self) -> Duration {
         Duration::from_millis(self.ms)

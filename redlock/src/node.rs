@@ -545,7 +545,8 @@ impl Node {
                 None => return 0,
             },
         };
-        self.deadline_on(clock, within, crate::clock::now())
+        let now = crate::clock::now();
+        self.deadline_aged(clock, within, now, now.saturating_duration_since(clock.at))
     }
 
     /// [`Node::deadline`] at `now` without waiting: from the reading of the node's clock
@@ -562,11 +563,8 @@ impl Node {
         Some(self.deadline_aged(clock, within, now, age))
     }
 
-    fn deadline_on(&self, clock: NodeClock, within: Duration, now: Instant) -> u64 {
-        self.deadline_aged(clock, within, now, now.saturating_duration_since(clock.at))
-    }
-
-    /// [`Node::deadline_on`] for a reading `age` old at `now` (every create reads it once).
+    /// The deadline from `clock`, a reading `age` old at `now` (every create reads its age
+    /// once).
     fn deadline_aged(
         &self,
         clock: NodeClock,

@@ -207,7 +207,7 @@ impl Lines {
     fn hand_on(&self, request: &Request, token: &str) {
         self.with_holder(request, token, |state| {
             state.holder = None;
-            if let Some(first) = first(&state.waiters) {
+            if let Some(first) = first_ready(&state.waiters) {
                 first.call();
             }
         });
@@ -258,7 +258,7 @@ impl Ticket {
             // The first did not react: it is passed over until its next tick, so that
             // the next release hands the turn on to a waiter that reacts (a future kept
             // and never polled again would otherwise cost every hand-on a stall).
-            if let Some(first) = first(&state.waiters)
+            if let Some(first) = first_ready(&state.waiters)
                 && !Arc::ptr_eq(first, &self.waiter)
             {
                 first.stalled.store(true, Ordering::Release);
@@ -266,7 +266,8 @@ impl Ticket {
             state.waiters.retain(|waiter| !Arc::ptr_eq(waiter, &self.waiter));
             state.waiters.push_front(self.waiter.clone());
         }
-        let first = first(&state.waiters).is_none_or(|first| Arc::ptr_eq(first, &self.waiter));
+        let first =
+            first_ready(&state.waiters).is_none_or(|first| Arc::ptr_eq(first, &self.waiter));
         if first {
             return Turn::Attempt;
         }
@@ -274,7 +275,7 @@ impl Ticket {
             // One started since this waiter's last tick: it counts for this one too.
             return Turn::Follow(state.started);
         }
-        if let Some(first) = self::first(&state.waiters) {
+        if let Some(first) = first_ready(&state.waiters) {
             first.call();
         }
         Turn::Follow(state.started + 1)
@@ -376,11 +377,12 @@ impl Drop for Ticket {
     fn drop(&mut self) {
         let mut lines = lock(&self.lines.lines);
         let mut state = lock(&self.line.state);
-        let was_first = first(&state.waiters).is_some_and(|first| Arc::ptr_eq(first, &self.waiter));
+        let was_first =
+            first_ready(&state.waiters).is_some_and(|first| Arc::ptr_eq(first, &self.waiter));
         state.waiters.retain(|waiter| !Arc::ptr_eq(waiter, &self.waiter));
         if was_first
             && state.holder.is_none()
-            && let Some(next) = first(&state.waiters)
+            && let Some(next) = first_ready(&state.waiters)
         {
             // A call it did not use, or the turn itself: the next one attempts now.
             next.call();
@@ -425,7 +427,7 @@ impl Drop for Attempt<'_> {
 
 /// The first waiter in line that is not passed over for a stall: the one the turn is
 /// handed on to, and the one that attempts.
-fn first(waiters: &VecDeque<Arc<Waiter>>) -> Option<&Arc<Waiter>> {
+fn first_ready(waiters: &VecDeque<Arc<Waiter>>) -> Option<&Arc<Waiter>> {
     waiters.iter().find(|waiter| !waiter.stalled.load(Ordering::Acquire))
 }
 

@@ -87,7 +87,7 @@ impl Protocol for Multi {
 
     fn command(&self, op: Op, args: &Args<'_>) -> Command {
         let token = self.id.token.as_bytes();
-        let (ms, keep) = (crate::command::Digits::new(args.ttl.ms()), args.keep.arg());
+        let (ms, keep) = (args.ttl.arg(), args.keep.arg());
         let (token, ms) = (Arg::Bytes(token), Arg::Bytes(ms.as_bytes()));
         // Every script but the check takes the tombstone after the lock keys.
         let marked: Vec<&str> = (self.set.keys.iter().map(|key| &**key))

@@ -81,7 +81,7 @@ impl Protocol for Plain {
         let keys = [key, &self.id.tombstone];
         match op {
             Op::Acquire | Op::Extend => {
-                let ms = crate::command::Digits::new(args.ttl.ms());
+                let ms = args.ttl.arg();
                 let script =
                     if op == Op::Acquire { &command::PLAIN_ACQUIRE } else { &command::EXTEND };
                 let mut argv: smallvec::SmallVec<[&[u8]; 4]> =

@@ -55,7 +55,7 @@ impl Protocol for Reentrant {
     fn command(&self, op: Op, args: &Args<'_>) -> Command {
         let keys = [&*self.id.keys[0], &*self.id.tombstone];
         let field = self.field.as_bytes();
-        let (ms, keep) = (crate::command::Digits::new(args.ttl.ms()), args.keep.arg());
+        let (ms, keep) = (args.ttl.arg(), args.keep.arg());
         let (field, ms) = (Arg::Bytes(field), Arg::Bytes(ms.as_bytes()));
         match op {
             Op::Acquire | Op::Extend => {

@@ -134,7 +134,7 @@ impl Protocol for Share {
     fn command(&self, op: Op, args: &Args<'_>) -> Command {
         let keys = [&*self.id.keys[0], &*self.id.tombstone];
         let field = self.field.as_bytes();
-        let (ms, keep) = (crate::command::Digits::new(args.ttl.ms()), args.keep.arg());
+        let (ms, keep) = (args.ttl.arg(), args.keep.arg());
         let keep = Arg::Bytes(keep.as_bytes());
         let intent_ms = self.intent.as_ref().map_or(0, |intent| intent.ms).to_string();
         let intent = self.intent.as_ref().map_or(&b""[..], |intent| intent.field.as_bytes());

@@ -141,7 +141,7 @@ impl Protocol for PermitHold {
         let keys = [&**self.slot_key(), &self.count_key, tombstone];
         match op {
             Op::Acquire | Op::Extend => {
-                let ms = crate::command::Digits::new(args.ttl.ms());
+                let ms = args.ttl.arg();
                 let script = if op == Op::Acquire {
                     &command::PERMIT_ACQUIRE
                 } else {

@@ -46,17 +46,19 @@ fn hdel_everywhere(cluster: &Cluster, key: &str, field: &str) {
     }
 }
 
-/// A client that waits: unbounded attempts for up to `max_wait`, pausing `delay` (+ up to
-/// 10 ms) between them.
+/// Unbounded attempts for up to `max_wait`, pausing `delay` (+ up to 10 ms) between them.
+fn polling(delay: Duration, max_wait: Duration) -> Retry {
+    Retry::new()
+        .with_unbounded_attempts()
+        .with_delay(delay)
+        .with_jitter(Duration::from_millis(10))
+        .with_max_wait(max_wait)
+}
+
+/// A client that waits: see [`polling`].
 fn waiting_client(cluster: &Cluster, delay: Duration, max_wait: Duration) -> Redlock {
     common::builder(cluster, Duration::from_millis(200))
-        .retry(
-            Retry::new()
-                .with_unbounded_attempts()
-                .with_delay(delay)
-                .with_jitter(Duration::from_millis(10))
-                .with_max_wait(max_wait),
-        )
+        .retry(polling(delay, max_wait))
         .build()
         .unwrap()
 }
@@ -602,11 +604,7 @@ fn write_acquire_sha() -> String {
 async fn a_writers_grant_that_lands_after_its_withdrawal_stays_and_keeps_readers_out() {
     let faulty = redlock_testkit::FaultyCluster::start(3).unwrap();
     let cluster = faulty.cluster();
-    let retry = Retry::new()
-        .with_unbounded_attempts()
-        .with_delay(Duration::from_millis(300))
-        .with_jitter(Duration::from_millis(10))
-        .with_max_wait(Duration::from_secs(10));
+    let retry = polling(Duration::from_millis(300), Duration::from_secs(10));
     let waiting = Arc::new(common::retrying(faulty.urls(), Duration::from_secs(2), retry));
     common::warm(&waiting).await;
     let reader = common::single_attempt(faulty.urls());
@@ -677,13 +675,7 @@ async fn a_writer_gets_in_wait_after_wait_past_readers_on_lossy_jittery_links_to
     let faulty = FaultyCluster::start_for_clients(5, READERS + 1, NodeConfig::new()).unwrap();
     let seed = Fuzz::seed_from_env_or_random();
     println!("seed {seed}");
-    let retry = |delay: u64, max_wait: Duration| {
-        Retry::new()
-            .with_unbounded_attempts()
-            .with_delay(Duration::from_millis(delay))
-            .with_jitter(Duration::from_millis(10))
-            .with_max_wait(max_wait)
-    };
+    let retry = |delay, max_wait| polling(Duration::from_millis(delay), max_wait);
     let clients: Vec<Redlock> = (0..=READERS)
         .map(|c| {
             let max_wait = Duration::from_secs(if c == READERS { 8 } else { 30 });
@@ -772,11 +764,7 @@ async fn held_back_attempts_of_a_writer_granted_after_failed_attempts_leave_no_i
     };
     (0..3).for_each(|i| share(i, true));
     // Attempts 300 ms apart: its intent lives about 9 s (node timeout 2 s).
-    let retry = Retry::new()
-        .with_unbounded_attempts()
-        .with_delay(Duration::from_millis(300))
-        .with_jitter(Duration::from_millis(10))
-        .with_max_wait(Duration::from_secs(20));
+    let retry = polling(Duration::from_millis(300), Duration::from_secs(20));
     let waiting = Arc::new(common::retrying(faulty.urls(), Duration::from_secs(2), retry));
     common::warm(&waiting).await;
     let writer = tokio::spawn({
@@ -812,11 +800,7 @@ async fn a_writer_cancelled_while_an_attempt_is_held_back_leaves_no_intent_and_r
     let faulty = redlock_testkit::FaultyCluster::start(3).unwrap();
     let cluster = faulty.cluster();
     // Attempts 2 s apart: its intent lives about 8 s.
-    let retry = Retry::new()
-        .with_unbounded_attempts()
-        .with_delay(Duration::from_secs(2))
-        .with_jitter(Duration::from_millis(10))
-        .with_max_wait(Duration::from_secs(30));
+    let retry = polling(Duration::from_secs(2), Duration::from_secs(30));
     let waiting = Arc::new(common::retrying(faulty.urls(), Duration::from_secs(2), retry));
     common::warm(&waiting).await;
     let reader = common::single_attempt(cluster.urls());

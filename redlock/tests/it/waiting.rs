@@ -774,42 +774,53 @@ async fn a_release_notification_names_the_hold_without_giving_its_token_away() {
     }
 }
 
+/// Releases `holds` (each a hold's token and its release) at once, hold `i`'s reaching node
+/// `i` last, once `waiting` (granted at the instant it returns) is subscribed on every node;
+/// how long after the releases it was granted.
+async fn granted_after_releases_last_in_another_order_on_each_node<R, E>(
+    faulty: &FaultyCluster,
+    holds: Vec<(String, R)>,
+    waiting: tokio::task::JoinHandle<Instant>,
+) -> Duration
+where
+    R: std::future::Future<Output = Result<(), E>>,
+    E: std::fmt::Debug,
+{
+    let subscribed = || common::subscribers(faulty.cluster(), "doc").iter().all(|&n| n == 1);
+    assert!(common::eventually(Duration::from_secs(3), subscribed).await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for (i, (token, _)) in holds.iter().enumerate() {
+        faulty.proxy(i).hold_requests_containing(token.as_bytes(), Duration::from_millis(300));
+    }
+    let released_at = Instant::now();
+    for released in futures::future::join_all(holds.into_iter().map(|(_, release)| release)).await {
+        released.unwrap();
+    }
+    waiting.await.unwrap() - released_at
+}
+
 /// Readers that release at once may release last in a different order on each node: each
 /// node then publishes another reader's release, no one reader's on a quorum. The writer
 /// waiting for them is still woken by their releases, not left to its poll.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readers_releasing_in_a_different_order_on_each_node_still_wake_the_writer() {
     let faulty = FaultyCluster::start(3).unwrap();
-    let cluster = faulty.cluster();
     // Three clients: the release held back on a node holds back nothing of the others.
     let mut shares = Vec::new();
     for _ in 0..3 {
         let reader = common::builder_for(faulty.urls(), Duration::from_secs(1)).build().unwrap();
-        shares.push(reader.read("doc").await.unwrap());
+        let share = reader.read("doc").await.unwrap();
+        shares.push((share.token().to_owned(), share.release()));
     }
-    let writer = patient(cluster, Duration::from_secs(8), Duration::from_secs(30));
+    let writer = patient(faulty.cluster(), Duration::from_secs(8), Duration::from_secs(30));
     let waiting = tokio::spawn(async move {
         let lock = writer.write("doc").await.unwrap();
         let granted_at = Instant::now();
         lock.release().await.unwrap();
         granted_at
     });
-    let subscribed = || common::subscribers(cluster, "doc").iter().all(|&n| n == 1);
-    assert!(common::eventually(Duration::from_secs(3), subscribed).await);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    // Reader i's release reaches node i last.
-    for (i, share) in shares.iter().enumerate() {
-        faulty
-            .proxy(i)
-            .hold_requests_containing(share.token().as_bytes(), Duration::from_millis(300));
-    }
-    let released_at = Instant::now();
-    let releases = shares.into_iter().map(|share| share.release());
-    for released in futures::future::join_all(releases).await {
-        released.unwrap();
-    }
-    let granted_at = waiting.await.unwrap();
-    let gap = granted_at - released_at;
+    let gap = granted_after_releases_last_in_another_order_on_each_node(&faulty, shares, waiting);
+    let gap = gap.await;
     assert!(gap < Duration::from_secs(4), "granted {gap:?} after the releases: by the 8 s poll");
 }
 
@@ -818,35 +829,21 @@ async fn readers_releasing_in_a_different_order_on_each_node_still_wake_the_writ
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reentries_releasing_in_a_different_order_on_each_node_still_wake_another_owner() {
     let faulty = FaultyCluster::start(3).unwrap();
-    let cluster = faulty.cluster();
     let mut holds = Vec::new();
     for _ in 0..3 {
         let client = common::builder_for(faulty.urls(), Duration::from_secs(1)).build().unwrap();
-        holds.push(client.reentrant("doc", "job-1").await.unwrap());
+        let hold = client.reentrant("doc", "job-1").await.unwrap();
+        holds.push((hold.token().to_owned(), hold.release()));
     }
-    let waiter = patient(cluster, Duration::from_secs(8), Duration::from_secs(30));
+    let waiter = patient(faulty.cluster(), Duration::from_secs(8), Duration::from_secs(30));
     let waiting = tokio::spawn(async move {
         let lock = waiter.reentrant("doc", "job-2").await.unwrap();
         let granted_at = Instant::now();
         lock.release().await.unwrap();
         granted_at
     });
-    let subscribed = || common::subscribers(cluster, "doc").iter().all(|&n| n == 1);
-    assert!(common::eventually(Duration::from_secs(3), subscribed).await);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    // Re-entry i's release reaches node i last.
-    for (i, hold) in holds.iter().enumerate() {
-        faulty
-            .proxy(i)
-            .hold_requests_containing(hold.token().as_bytes(), Duration::from_millis(300));
-    }
-    let released_at = Instant::now();
-    let releases = holds.into_iter().map(|hold| hold.release());
-    for released in futures::future::join_all(releases).await {
-        released.unwrap();
-    }
-    let granted_at = waiting.await.unwrap();
-    let gap = granted_at - released_at;
+    let gap = granted_after_releases_last_in_another_order_on_each_node(&faulty, holds, waiting);
+    let gap = gap.await;
     assert!(gap < Duration::from_secs(4), "granted {gap:?} after the releases: by the 8 s poll");
 }
 

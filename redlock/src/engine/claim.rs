@@ -234,7 +234,7 @@ impl<P: Protocol> Claim<P> {
                 NodeOutcome::Held | NodeOutcome::WriterWaiting | NodeOutcome::WrongType
             )
         };
-        let mut args = self.undo_args();
+        let (mut args, until) = self.undo_args();
         // Short of a quorum even where its answer is unknown, the attempt never held the
         // key: its clean-up frees no quorum and tells no waiter. A node the attempt never
         // reached (down: no connection opened since it started) holds nothing of it, or
@@ -276,7 +276,7 @@ impl<P: Protocol> Claim<P> {
         let requests = round::Rest::new(&slots, requests);
         let (round, rest) = round::run_until(requests, outcomes, clock::now(), answered).await;
         let what = (Op::CleanUp, &command);
-        self.finish_undos(rest, &round, tracked, what, "clean-up", Place::Caller);
+        self.finish_undos(rest, &round, tracked, what, ("clean-up", until), Place::Caller);
         self.armed = false;
     }
 
@@ -388,9 +388,11 @@ impl<P: Protocol> Claim<P> {
 
     async fn release_round(mut self) -> Result<()> {
         let was_valid = self.is_valid();
-        let command = Arc::new(self.proto.command(Op::Release, &self.undo_args()));
+        let (args, until) = self.undo_args();
+        let command = Arc::new(self.proto.command(Op::Release, &args));
         let (round, rest, tracked) = self.undo_round(Op::Release, &command).await;
-        self.finish_undos(rest, &round, tracked, (Op::Release, &command), "release", Place::Caller);
+        let what = (Op::Release, &command);
+        self.finish_undos(rest, &round, tracked, what, ("release", until), Place::Caller);
         // Only now: if this future is dropped mid-round, Drop releases again (every
         // release is safe to repeat).
         self.armed = false;
@@ -518,7 +520,7 @@ impl<P: Protocol> Claim<P> {
         round: &Round,
         tracked: Tracked,
         (op, command): (Op, &Arc<Command>),
-        what: &'static str,
+        (what, until): (&'static str, Instant),
         place: Place,
     ) where
         F: Future<Output = (usize, NodeOutcome)> + Send + 'static,
@@ -530,7 +532,7 @@ impl<P: Protocol> Claim<P> {
         let undos = background::Undos {
             core: self.core.clone(),
             remake: self.remake(op, command),
-            until: self.horizon(),
+            until,
             what,
             resource: self.resource.clone(),
             generations: self.generations.clone(),
@@ -559,13 +561,14 @@ impl<P: Protocol> Claim<P> {
     /// only at its next call, and a multi-thread runtime only once a worker is free (the
     /// key would stay meanwhile, up to its lease).
     fn release_detached(&mut self) {
-        let command = Arc::new(self.proto.command(Op::Release, &self.undo_args()));
+        let (args, until) = self.undo_args();
+        let command = Arc::new(self.proto.command(Op::Release, &args));
         let requests = self.everywhere(Op::Release, &command);
         let tracked = self.track(&requests);
         self.note_releasing();
         let unsent = Round::none(self.core.nodes.len(), clock::now());
         let what = (Op::Release, &command);
-        self.finish_undos(requests, &unsent, tracked, what, "release", Place::Own);
+        self.finish_undos(requests, &unsent, tracked, what, ("release", until), Place::Own);
     }
 
     /// When nothing this claim's creates and renewals did or may still do on a node can
@@ -587,10 +590,13 @@ impl<P: Protocol> Claim<P> {
 
     /// An undo's arguments: its tombstone lives from now until [`Claim::horizon`], so that
     /// no create of the token that is still on its way can set anything after it, and a
-    /// re-sent release can tell a hold it removed from one that was gone.
-    fn undo_args(&self) -> Args<'static> {
-        let keep = Keep::new(self.horizon().saturating_duration_since(clock::now()));
-        Args { ttl: self.ttl, keep, abandoned: &[], quiet: false }
+    /// re-sent release can tell a hold it removed from one that was gone. With that horizon:
+    /// the undo is sent again until then at most (no create of the token is stamped after
+    /// its undo, so a later reckoning would give the same bound).
+    fn undo_args(&self) -> (Args<'static>, Instant) {
+        let horizon = self.horizon();
+        let keep = Keep::new(horizon.saturating_duration_since(clock::now()));
+        (Args { ttl: self.ttl, keep, abandoned: &[], quiet: false }, horizon)
     }
 
     /// The hold, as the client's undos register it.

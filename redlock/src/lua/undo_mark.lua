@@ -13,15 +13,18 @@ end
 -- Leaves the tombstone: `removed` when this send removed the hold. Its lifetime never
 -- shrinks; a removal always leaves one (a re-send must be able to tell), at least 1 ms.
 local function undone(removed)
-  local ms = math.max(keep, 1)
   if not removed and keep <= 0 then
     return
   end
+  -- The argument as it came when it is the lifetime: a number passed to redis.call is
+  -- formatted back into text first.
+  local ms = ARGV[#ARGV]
+  if keep < 1 then ms = '1' end
   -- The common case, a first removal, is one call.
   if removed and redis.call('SET', tombstone, '1', 'PX', ms, 'NX') then
     return
   end
-  if redis.call('PTTL', tombstone) < ms then
+  if redis.call('PTTL', tombstone) < math.max(keep, 1) then
     local mark = '0'
     if removed or removed_before() then mark = '1' end
     redis.call('SET', tombstone, mark, 'PX', ms)

@@ -85,7 +85,12 @@ async fn a_node_resetting_forever_holds_up_nothing_beyond_shutdowns_deadline() {
     let faulty = FaultyCluster::start(5).unwrap();
     let rl = client(faulty.urls());
     rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    // Set on node 4 before its resets begin: its release there is sent again until
+    // shutdown. (A hold taken after them may never have reached node 4, whose undo then
+    // has nothing to wait for.)
+    let reached = rl.try_lock("forever:reached").await.unwrap();
     faulty.proxy(4).set_fault(NetFault::Reset);
+    reached.release().await.unwrap();
     let mut slowest = Duration::ZERO;
     for i in 0..20 {
         let key = format!("forever:{i}");

@@ -11,17 +11,16 @@
 //! attempt, whose hold is on fewer than a quorum of nodes, wakes no one (the key is still
 //! held on a quorum, or split among waiters a release woke, which try again on their own:
 //! see `wait::split_again`), however many of them land on one node and then another, and
-//! releases of holds on different quorums each count. Of
-//! this client's waiters on the key, only the first in line is woken: several woken
-//! at once would split the nodes' votes (this client's own releases of an exclusive hold
-//! hand on to its next waiter directly: see `queue`). A waiter for several keys (a
-//! multi-resource lock) watches every key's channel and is woken by a release of any of
-//! them; since another of its keys may still be held, it does not stand for the waiters
-//! behind it: those up to the first waiter for that key alone are woken with it. A
-//! waiter subscribes after its first
-//! refusal, so a release can come before its subscription: once the channel is subscribed on
-//! a quorum of nodes (again, after connections were lost), the first waiter is woken as if by
-//! a release, and attempts again; and again each time one more node confirms it, since a
+//! releases of holds on different quorums each count. Of this client's waiters on the key,
+//! only the first in line is woken: several woken at once would split the nodes' votes
+//! (this client's own releases of an exclusive hold hand on to its next waiter directly:
+//! see `queue`). A waiter for several keys (a multi-resource lock) watches every key's
+//! channel and is woken by a release of any of them; since another of its keys may still
+//! be held, it does not stand for the waiters behind it: those up to the first waiter for
+//! that key alone are woken with it. A waiter subscribes after its first refusal, so a
+//! release can come before its subscription: once the channel is subscribed on a quorum of
+//! nodes (again, after connections were lost), the first waiter is woken as if by a
+//! release, and attempts again; and again each time one more node confirms it, since a
 //! release published on another quorum of nodes reached fewer than a quorum of
 //! subscriptions. Notifications can still be lost (a node down, an expiry instead of a
 //! release), so waiters always keep a polling fallback.

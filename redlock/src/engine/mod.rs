@@ -197,8 +197,7 @@ where
             GiveUp { core, keys, resource: resource.clone(), withdrawal, nodes, generations };
         let mut next = Some(first);
         let mut attempts = 0u32;
-        // Woken by the releases of the first key (a multi-resource lock's other keys are
-        // found by the timer).
+        // Woken by the releases of any of its keys.
         let claim = wait::until_acquired(core, retry, &request, ticket.as_mut(), &resource, || {
             attempts = attempts.saturating_add(1);
             let proto = next.take().unwrap_or_else(&mut attempt);

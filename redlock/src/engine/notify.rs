@@ -11,13 +11,16 @@
 //! attempt, whose hold is on fewer than a quorum of nodes, wakes no one (the key is still
 //! held on a quorum, or split among waiters a release woke, which try again on their own:
 //! see `wait::split_again`), however many of them land on one node and then another, and
-//! releases of holds on different quorums each count. Of
-//! this client's waiters on the key, only the first in line is woken: several woken
-//! at once would split the nodes' votes (this client's own releases of an exclusive hold
-//! hand on to its next waiter directly: see `queue`). A waiter subscribes after its first
-//! refusal, so a release can come before its subscription: once the channel is subscribed on
-//! a quorum of nodes (again, after connections were lost), the first waiter is woken as if by
-//! a release, and attempts again; and again each time one more node confirms it, since a
+//! releases of holds on different quorums each count. Of this client's waiters on the key,
+//! only the first in line is woken: several woken at once would split the nodes' votes
+//! (this client's own releases of an exclusive hold hand on to its next waiter directly:
+//! see `queue`). A waiter for several keys (a multi-resource lock) watches every key's
+//! channel and is woken by a release of any of them; since another of its keys may still
+//! be held, it does not stand for the waiters behind it: those up to the first waiter for
+//! that key alone are woken with it. A waiter subscribes after its first refusal, so a
+//! release can come before its subscription: once the channel is subscribed on a quorum of
+//! nodes (again, after connections were lost), the first waiter is woken as if by a
+//! release, and attempts again; and again each time one more node confirms it, since a
 //! release published on another quorum of nodes reached fewer than a quorum of
 //! subscriptions. Notifications can still be lost (a node down, an expiry instead of a
 //! release), so waiters always keep a polling fallback.
@@ -78,6 +81,9 @@ struct Heard {
 struct Waiter {
     woken: AtomicBool,
     notify: Notify,
+    /// Watches several channels (a hold of several keys): woken by a release of one key,
+    /// it may still find another held, so it stands for no waiter behind it.
+    several: bool,
 }
 
 impl Waiter {
@@ -96,6 +102,18 @@ enum Subscription {
 impl Channel {
     fn new(nodes: usize) -> Self {
         Self { heard: VecDeque::new(), subscribed: vec![false; nodes], waiters: VecDeque::new() }
+    }
+
+    /// Wakes the waiters from the `from`-th on (the first of them in line, for 0) up to
+    /// the first one that watches this channel alone: a waiter for several keys may find
+    /// another of them held, and must not hold back the ones behind it.
+    fn wake_from(&self, from: usize) {
+        for waiter in self.waiters.iter().skip(from) {
+            waiter.wake();
+            if !waiter.several {
+                break;
+            }
+        }
     }
 
     /// Records that node `node` confirmed the subscription; `true` when at least a quorum of
@@ -172,9 +190,14 @@ impl Releases {
         *self.subscribers.lock().unwrap_or_else(PoisonError::into_inner) = Subscribers::Stopped;
     }
 
-    /// Starts watching the releases of `key`; the subscribers start on the client's own
-    /// thread with the first watch.
-    pub(crate) fn watch(&self, key: &str, tasks: &Tasks) -> ReleaseWatch {
+    /// Starts watching the releases of `keys` (each key's channel, shared with this
+    /// client's other waiters on it); the subscribers start on the client's own thread
+    /// with the first watch.
+    pub(crate) fn watch<'k>(
+        &self,
+        keys: impl IntoIterator<Item = &'k str>,
+        tasks: &Tasks,
+    ) -> ReleaseWatch {
         let subscribers = {
             let mut subscribers = self.subscribers.lock().unwrap_or_else(PoisonError::into_inner);
             if matches!(*subscribers, Subscribers::NotStarted) {
@@ -187,19 +210,26 @@ impl Releases {
             }
         };
         let subscribers = &subscribers;
-        let channel = channel(key);
-        let waiter = Arc::new(Waiter { woken: AtomicBool::new(false), notify: Notify::new() });
+        let mut channels: Vec<Arc<str>> = keys.into_iter().map(channel).collect();
+        channels.sort_unstable();
+        channels.dedup();
+        let several = channels.len() > 1;
+        let waiter =
+            Arc::new(Waiter { woken: AtomicBool::new(false), notify: Notify::new(), several });
         let mut registry = lock(&self.registry);
         let nodes = self.nodes.len();
-        let watched = registry.channels.entry(channel.clone()).or_insert_with(|| {
-            // Sent under the registry lock, so that the subscriber tasks see subscribe and
-            // unsubscribe commands in the order the registry changed.
-            send_all(subscribers, || Subscription::Subscribe(channel.clone()));
-            Channel::new(nodes)
-        });
-        watched.waiters.push_back(waiter.clone());
+        for channel in &channels {
+            let watched = registry.channels.entry(channel.clone()).or_insert_with(|| {
+                // Sent under the registry lock, so that the subscriber tasks see subscribe
+                // and unsubscribe commands in the order the registry changed.
+                send_all(subscribers, || Subscription::Subscribe(channel.clone()));
+                Channel::new(nodes)
+            });
+            watched.waiters.push_back(waiter.clone());
+        }
+        drop(registry);
         ReleaseWatch {
-            channel,
+            channels,
             waiter,
             registry: self.registry.clone(),
             subscribers: subscribers.clone(),
@@ -222,18 +252,19 @@ impl Releases {
     }
 }
 
-/// A waiter's interest in one key's releases; dropping it leaves the line (handing a
-/// wake-up it did not use to the next waiter) and unsubscribes after the last one.
+/// A waiter's interest in the releases of its keys; dropping it leaves each channel's line
+/// (handing a wake-up it did not use to the next waiter) and unsubscribes after the last
+/// one.
 pub(crate) struct ReleaseWatch {
-    channel: Arc<str>,
+    channels: Vec<Arc<str>>,
     waiter: Arc<Waiter>,
     registry: Arc<Mutex<Registry>>,
     subscribers: Vec<mpsc::UnboundedSender<Subscription>>,
 }
 
 impl ReleaseWatch {
-    /// Completes at the first release (on a quorum) this waiter is woken for since it last
-    /// completed: one that happened during an attempt is not lost.
+    /// Completes at the first release (on a quorum) of any of its keys this waiter is woken
+    /// for since it last completed: one that happened during an attempt is not lost.
     pub(crate) async fn released(&self) {
         loop {
             let notified = self.waiter.notify.notified();
@@ -256,16 +287,22 @@ impl ReleaseWatch {
 impl Drop for ReleaseWatch {
     fn drop(&mut self) {
         let mut registry = lock(&self.registry);
-        let Some(watched) = registry.channels.get_mut(&self.channel) else { return };
-        watched.waiters.retain(|waiter| !Arc::ptr_eq(waiter, &self.waiter));
-        if self.waiter.woken.load(Ordering::Acquire)
-            && let Some(next) = watched.waiters.front()
-        {
-            next.wake();
-        }
-        if watched.waiters.is_empty() {
-            registry.channels.remove(&self.channel);
-            send_all(&self.subscribers, || Subscription::Unsubscribe(self.channel.clone()));
+        let unused = self.waiter.woken.load(Ordering::Acquire);
+        for channel in &self.channels {
+            let Some(watched) = registry.channels.get_mut(channel) else { continue };
+            let Some(at) = watched.waiters.iter().position(|w| Arc::ptr_eq(w, &self.waiter)) else {
+                continue;
+            };
+            // Woken by this channel only if no waiter for this key alone was before it.
+            let woken_here = unused && watched.waiters.iter().take(at).all(|w| w.several);
+            watched.waiters.remove(at);
+            if woken_here {
+                watched.wake_from(at);
+            }
+            if watched.waiters.is_empty() {
+                registry.channels.remove(channel);
+                send_all(&self.subscribers, || Subscription::Unsubscribe(channel.clone()));
+            }
         }
     }
 }
@@ -348,9 +385,8 @@ fn confirmed(registry: &Mutex<Registry>, node: usize, channel: &str) {
     let quorum = registry.quorum;
     if let Some(watched) = registry.channels.get_mut(channel)
         && watched.subscribed(node, quorum)
-        && let Some(first) = watched.waiters.front()
     {
-        first.wake();
+        watched.wake_from(0);
     }
 }
 
@@ -405,9 +441,8 @@ async fn serve(
                 let quorum = registry.quorum;
                 if let Some(watched) = registry.channels.get_mut(message.get_channel_name())
                     && watched.published(node, message.get_payload_bytes(), quorum)
-                    && let Some(first) = watched.waiters.front()
                 {
-                    first.wake();
+                    watched.wake_from(0);
                 }
             }
         }
@@ -451,6 +486,30 @@ mod tests {
         assert!(channel.published(1, b"1", 2));
         assert!(!channel.published(0, b"1", 2));
         assert!(channel.published(2, b"1", 2));
+    }
+
+    #[test]
+    fn a_release_wakes_the_first_waiter_and_those_for_several_keys_ahead_of_it() {
+        let waiter = |several| {
+            Arc::new(Waiter { woken: AtomicBool::new(false), notify: Notify::new(), several })
+        };
+        let woken = |channel: &Channel| -> Vec<bool> {
+            channel.waiters.iter().map(|w| w.woken.swap(false, Ordering::AcqRel)).collect()
+        };
+        let mut channel = Channel::new(3);
+        channel.waiters.extend([waiter(false), waiter(true), waiter(false)]);
+        channel.wake_from(0);
+        assert_eq!(woken(&channel), [true, false, false], "the first, for this key alone");
+        channel.waiters.push_front(waiter(true));
+        channel.waiters.push_front(waiter(true));
+        channel.wake_from(0);
+        assert_eq!(
+            woken(&channel),
+            [true, true, true, false, false],
+            "waiters for several keys may find another held: up to the first for this one"
+        );
+        channel.wake_from(3);
+        assert_eq!(woken(&channel), [false, false, false, true, true], "handed on from the 4th");
     }
 
     #[test]

@@ -29,7 +29,7 @@ use super::notify::ReleaseWatch;
 use super::queue::{Outcome, Request, Ticket, Turn};
 
 /// Runs `attempt` until it succeeds, fails for good, or `retry` gives up; between attempts,
-/// waits for a release of the first key of `request` (what the attempts ask for), a call of
+/// waits for a release of any key of `request` (what the attempts ask for), a call of
 /// its line (`ticket`, for a hold that excludes every other), or the policy's pause.
 /// `resource` names the lock in errors.
 pub(crate) async fn until_acquired<T, F, Fut>(
@@ -147,8 +147,7 @@ where
         };
         // Subscribed once it waits: a policy that gives up at once costs no subscription.
         let watch = releases.get_or_insert_with(|| {
-            let key = request.keys().first().map_or("", |key| &**key);
-            core.releases.watch(key, &core.tasks)
+            core.releases.watch(request.keys().iter().map(|key| &**key), &core.tasks)
         });
         woken = next_turn(watch, ticket.as_deref(), core, due, held_until).await;
         counts = !woken;

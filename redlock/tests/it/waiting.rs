@@ -976,3 +976,106 @@ async fn a_release_reaching_its_second_node_after_many_clean_ups_wakes_the_waite
     let gap = granted_at - released_at;
     assert!(gap < Duration::from_secs(4), "granted {gap:?} after the release ({failed} clean-ups)");
 }
+
+/// Starts a waiter for "a" and "b" together that polls every 8 s, while another client
+/// holds one of them: returned once it waits, subscribed; the task gives the instant it
+/// was granted.
+async fn a_waiter_for_a_and_b(cluster: &Cluster) -> tokio::task::JoinHandle<Instant> {
+    let waiter = patient(cluster, Duration::from_secs(8), Duration::from_secs(30));
+    let waiting = tokio::spawn(async move {
+        let lock = waiter.many(&["a", "b"]).await.unwrap();
+        let granted_at = Instant::now();
+        lock.release().await.unwrap();
+        granted_at
+    });
+    // Subscribed on "a", then on "b" (not asserted: a waiter deaf to "b" fails by its
+    // gap, as a lost notification would leave it).
+    let subscribed = |key| move || common::subscribers(cluster, key).iter().all(|&n| n == 1);
+    assert!(common::eventually(Duration::from_secs(3), subscribed("a")).await);
+    common::eventually(Duration::from_secs(3), subscribed("b")).await;
+    // Attempts that follow a subscription are over.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    waiting
+}
+
+/// How long after `released_at` the waiter was granted, checked to be well before its 8 s
+/// poll.
+async fn woken_by_the_release(released_at: Instant, waiting: tokio::task::JoinHandle<Instant>) {
+    let gap = waiting.await.unwrap() - released_at;
+    assert!(gap < Duration::from_secs(3), "granted {gap:?} after the release: by the 8 s poll");
+}
+
+/// A multi-resource waiter is woken by the release of whichever of its keys holds it back,
+/// not only of its first: here another client's plain lock of its second key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_resource_waiter_is_woken_by_the_release_of_its_second_key() {
+    let cluster = common::cluster(3);
+    let holder = common::client(&cluster);
+    let lock = holder.try_lock("b").await.unwrap();
+    let waiting = a_waiter_for_a_and_b(&cluster).await;
+    let released_at = Instant::now();
+    lock.release().await.unwrap();
+    woken_by_the_release(released_at, waiting).await;
+}
+
+/// The same when another client's multi-resource lock of "b" and "c" holds it back: that
+/// release publishes on each of its keys' channels, naming the same hold on each node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_resource_waiter_is_woken_by_the_release_of_a_multi_resource_lock_over_another_key()
+{
+    let cluster = common::cluster(3);
+    let holder = common::client(&cluster);
+    let lock = holder.many(&["b", "c"]).once().await.unwrap();
+    let waiting = a_waiter_for_a_and_b(&cluster).await;
+    let released_at = Instant::now();
+    lock.release().await.unwrap();
+    woken_by_the_release(released_at, waiting).await;
+}
+
+/// And, as before, by the release of its first key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_resource_waiter_is_woken_by_the_release_of_its_first_key() {
+    let cluster = common::cluster(3);
+    let holder = common::client(&cluster);
+    let lock = holder.try_lock("a").await.unwrap();
+    let waiting = a_waiter_for_a_and_b(&cluster).await;
+    let released_at = Instant::now();
+    lock.release().await.unwrap();
+    woken_by_the_release(released_at, waiting).await;
+}
+
+/// A multi-resource waiter woken by the release of one key may find another held: it does
+/// not take the wake-up from the client's waiters behind it. Here it waits for "a" and "b",
+/// another client holds both, and releases "b" alone: the client's waiter for "b" behind
+/// it is woken too, not left to its 8 s poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_resource_waiter_woken_ahead_of_a_waiter_for_one_of_its_keys_does_not_hold_it_back()
+{
+    let cluster = &common::cluster(3);
+    let holder = common::client(cluster);
+    let a = holder.try_lock("a").await.unwrap();
+    let b = holder.try_lock("b").await.unwrap();
+    let rl = patient(cluster, Duration::from_secs(8), Duration::from_secs(30));
+    let both = tokio::spawn({
+        let rl = rl.clone();
+        async move { rl.many(&["a", "b"]).await.map(drop) }
+    });
+    // Ahead in line on "b" once subscribed to it (not asserted: one deaf to "b" holds no
+    // one back there).
+    let subscribed = |key| move || common::subscribers(cluster, key).iter().all(|&n| n == 1);
+    assert!(common::eventually(Duration::from_secs(3), subscribed("a")).await);
+    common::eventually(Duration::from_secs(3), subscribed("b")).await;
+    let alone = tokio::spawn(async move {
+        let lock = rl.lock("b").await.unwrap();
+        let granted_at = Instant::now();
+        lock.release().await.unwrap();
+        granted_at
+    });
+    // Its first attempt, refused, is over.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released_at = Instant::now();
+    b.release().await.unwrap();
+    woken_by_the_release(released_at, alone).await;
+    a.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(3), both).await.unwrap().unwrap().unwrap();
+}

@@ -536,35 +536,36 @@ impl Node {
         }
         // Stale, or never read (its `TIME` was refused): read it first, at most once per
         // resync period while it keeps failing.
-        let clock = match self.read_clock_now(within).await {
-            Some(fresh) => fresh,
-            // The reading in use: an aged one still narrower than a fresh one, or one that
-            // another caller took meanwhile.
-            None => match *lock_ignoring_poison(&self.clock) {
-                Some(clock) => clock,
-                None => return 0,
-            },
-        };
+        let _ = self.read_clock_now(within).await;
+        // The reading in use: the fresh one, an aged one still narrower, or one that
+        // another caller took meanwhile.
+        let clock = lock_ignoring_poison(&self.clock);
+        let Some(reading) = *clock else { return 0 };
         let now = crate::clock::now();
-        self.deadline_aged(clock, within, now, now.saturating_duration_since(clock.at))
+        self.deadline_aged(reading, within, now, now.saturating_duration_since(reading.at))
     }
 
     /// [`Node::deadline`] at `now` without waiting: from the reading of the node's clock
     /// as it stands, when fresh enough (an aging one is taken again in the background);
     /// `None` when it must be read first.
     fn known_deadline(&self, within: Duration, now: Instant) -> Option<u64> {
-        let clock = (*lock_ignoring_poison(&self.clock))?;
-        let age = now.saturating_duration_since(clock.at);
-        match Freshness::of(age) {
-            Freshness::Fresh => {}
-            Freshness::Aging => self.read_clock_again(),
-            Freshness::Stale => return None,
+        let clock = lock_ignoring_poison(&self.clock);
+        let reading = (*clock)?;
+        let age = now.saturating_duration_since(reading.at);
+        let freshness = Freshness::of(age);
+        let deadline =
+            (freshness != Freshness::Stale).then(|| self.deadline_aged(reading, within, now, age));
+        drop(clock);
+        if freshness == Freshness::Aging {
+            self.read_clock_again();
         }
-        Some(self.deadline_aged(clock, within, now, age))
+        deadline
     }
 
     /// The deadline from `clock`, a reading `age` old at `now` (every create reads its age
-    /// once).
+    /// once). Called with the reading's lock held: a narrower reading that replaces it
+    /// waits until this deadline's error is noted, so that a horizon (`Node::late_by`,
+    /// which reads the reading in use, then the errors noted) counts it either way.
     fn deadline_aged(
         &self,
         clock: NodeClock,

@@ -475,6 +475,18 @@ impl NodeClock {
         let aged = age.mul_f64(timing::CLOCK_DRIFT);
         (self.error + aged).max(timing::CLOCK_MIN_ERROR)
     }
+
+    /// Whether `other` reads the clock this reading read: what this one says the node's
+    /// clock showed at `other.at` is within both readings' errors of what `other` read.
+    /// Not so when another server answers at the same address (a failover), or when the
+    /// node's clock was stepped.
+    fn agrees_with(&self, other: &NodeClock) -> bool {
+        let (earlier, later) = if self.at <= other.at { (self, other) } else { (other, self) };
+        let age = later.at.saturating_duration_since(earlier.at);
+        let predicted = u128::from(earlier.node_us) + age.as_micros();
+        let apart = predicted.abs_diff(u128::from(later.node_us));
+        apart <= (earlier.error_at_age(age) + later.error_at_age(Duration::ZERO)).as_micros()
+    }
 }
 
 impl std::fmt::Debug for Node {
@@ -1272,11 +1284,24 @@ async fn open(
 /// a wider reading taken later (a new connection whose `TIME` was slow) would stamp them
 /// with a deadline later than that horizon counts on, and such a create landing after the
 /// release's tombstone would set its key again.
+///
+/// Unless the two disagree (see [`NodeClock::agrees_with`]): the one in use then tells the
+/// clock of another server (a failover behind the same address) or of a clock since
+/// stepped, and the horizons it was counted in are no better than the fresh one.
 fn keep_reading(clock: &Mutex<Option<NodeClock>>, fresh: NodeClock) -> bool {
     let now = crate::clock::now();
     let mut clock = lock_ignoring_poison(clock);
-    if clock.is_some_and(|current| current.error(now) < fresh.error(now)) {
-        return false;
+    if let Some(current) = *clock
+        && current.error(now) < fresh.error(now)
+    {
+        if current.agrees_with(&fresh) {
+            return false;
+        }
+        tracing::warn!(
+            target: "redlock",
+            "a new reading of a node's clock disagrees with the one in use (another server \
+             behind its address, or its clock stepped): the new one is used"
+        );
     }
     *clock = Some(fresh);
     true
@@ -1511,6 +1536,27 @@ mod tests {
         let later = crate::clock::now();
         let fresh = NodeClock::taken(later - ms(100), later + ms(100), (1_000_400, 0));
         assert!(keep_reading(&node.clock, fresh), "400 ms of drift against 100 ms");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wider_reading_of_the_clock_that_disagrees_with_the_one_in_use_replaces_it() {
+        let ms = Duration::from_millis;
+        let node = node();
+        let now = crate::clock::now();
+        let quick = NodeClock::taken(now - ms(1), now + ms(1), (1_000_000, 0));
+        assert!(keep_reading(&node.clock, quick), "the first reading");
+        // 5 s later by our clock, a slow `TIME` that reads the same clock: the quick one stays.
+        tokio::time::advance(Duration::from_secs(5)).await;
+        let later = crate::clock::now();
+        let same = NodeClock::taken(later - ms(300), later + ms(300), (1_000_005, 0));
+        assert!(!keep_reading(&node.clock, same));
+        // Another server behind the address, its clock 2 s behind: it is read from now on.
+        let other = NodeClock::taken(later - ms(300), later + ms(300), (1_000_003, 0));
+        assert!(keep_reading(&node.clock, other));
+        assert_eq!(node.late_by(later, later), ms(600), "twice the new reading's error");
+        // And a clock stepped 2 s ahead, read slowly, just as well.
+        let stepped = NodeClock::taken(later - ms(400), later + ms(400), (1_000_007, 0));
+        assert!(keep_reading(&node.clock, stepped));
     }
 
     #[test]

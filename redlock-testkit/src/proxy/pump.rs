@@ -1,7 +1,7 @@
 //! One direction of one proxied connection: read chunks, apply the fault, write them
 //! out when due.
 //!
-//! A pump reads with a short timeout and keeps the chunks it read in a queue, each
+//! A pump waits for bytes at most until its next chunk is due, reads, and keeps the chunks it read in a queue, each
 //! with the instant it is due; it writes them out when due. So latency delays every
 //! chunk without limiting throughput to one chunk per delay, and the byte order of
 //! each direction is kept: a chunk is never due before the one read before it.
@@ -10,10 +10,14 @@ use std::{
     collections::VecDeque,
     io::{self, Read, Write},
     net::TcpStream,
+    os::fd::AsFd,
     sync::atomic::Ordering,
     thread,
     time::{Duration, Instant},
 };
+
+use nix::poll::{PollFd, PollFlags, ppoll};
+use nix::sys::time::TimeSpec;
 
 use super::{
     Conn, NetFault, Shared, TICK,
@@ -92,6 +96,14 @@ fn release(shared: &Shared, conn: &Conn) -> bool {
     }
 }
 
+/// Whether `from` has something to read (bytes, its end, an error) within `wait`, waited
+/// for with a timer's precision. `true` too when the wait itself fails: the read then
+/// says what is wrong.
+fn readable_within(from: &TcpStream, wait: Duration) -> bool {
+    let mut fds = [PollFd::new(from.as_fd(), PollFlags::POLLIN)];
+    !matches!(ppoll(&mut fds, Some(TimeSpec::from_duration(wait)), None), Ok(0))
+}
+
 /// Forwards `from` to `to` until either side closes or the connection is closed.
 pub(super) fn pump(
     mut from: TcpStream,
@@ -104,8 +116,14 @@ pub(super) fn pump(
     let mut queue: VecDeque<(Instant, Item)> = VecDeque::new();
     let mut buf = vec![0; BUFFER_SIZE];
     let mut last_due = Instant::now();
-    let mut read_timeout = None;
     let mut eof = false;
+    // Only a backstop for the wait before each read: the kernel rounds a read timeout up to
+    // its scheduler's tick (4 ms at 250 Hz), which would stretch a latency of a millisecond
+    // several times over.
+    if from.set_read_timeout(Some(TICK)).is_err() {
+        conn.close();
+        return;
+    }
     while !conn.is_closed() && !shared.stopping.load(Ordering::SeqCst) {
         let now = Instant::now();
         while queue.front().is_some_and(|(due, _)| *due <= now) {
@@ -120,8 +138,7 @@ pub(super) fn pump(
             }
         }
         let wait = queue.front().map_or(TICK, |(due, _)| due.saturating_duration_since(now));
-        // A zero read timeout is an error; a millisecond is precise enough.
-        let wait = wait.clamp(Duration::from_millis(1), TICK);
+        let wait = wait.min(TICK);
         if eof {
             // The source ended: deliver what is still delayed, then close.
             if queue.is_empty() {
@@ -131,12 +148,8 @@ pub(super) fn pump(
             thread::sleep(wait);
             continue;
         }
-        if read_timeout != Some(wait) {
-            if from.set_read_timeout(Some(wait)).is_err() {
-                conn.close();
-                return;
-            }
-            read_timeout = Some(wait);
+        if !readable_within(&from, wait) {
+            continue;
         }
         match from.read(&mut buf) {
             Ok(0) => eof = true,

@@ -1079,3 +1079,65 @@ async fn a_multi_resource_waiter_woken_ahead_of_a_waiter_for_one_of_its_keys_doe
     a.release().await.unwrap();
     tokio::time::timeout(Duration::from_secs(3), both).await.unwrap().unwrap().unwrap();
 }
+
+/// Script calls (`EVALSHA` and `EVAL`) node `i` has served so far: every attempt, clean-up
+/// and release is one per node.
+fn script_calls(cluster: &Cluster, i: usize) -> u64 {
+    let mut con = cluster.node(i).connection().unwrap();
+    let info: String = redis::cmd("INFO").arg("commandstats").query(&mut con).unwrap();
+    info.lines()
+        .filter_map(|line| {
+            let rest = line
+                .strip_prefix("cmdstat_evalsha:calls=")
+                .or_else(|| line.strip_prefix("cmdstat_eval:calls="))?;
+            rest.split(',').next()?.parse::<u64>().ok()
+        })
+        .sum()
+}
+
+/// One client's waiters for a shared key together with keys of their own (multi-resource
+/// locks over "hot" and "cold:i"): a release of "hot" lets one of them in, and costs the
+/// others no more than a few attempts each time. Each of them is a waiter for several
+/// keys, so a release of "hot" wakes every one of them, not the first; with `WAITERS` of
+/// them that is `WAITERS` attempts (and their clean-ups) per hand-on, about `WAITERS`² / 2
+/// in all where one attempt per hand-on would do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a wake storm: a release wakes every multi-resource waiter of the key"]
+async fn multi_resource_waiters_sharing_a_key_are_not_all_woken_by_each_of_its_releases() {
+    const WAITERS: usize = 8;
+    let cluster = &common::cluster(3);
+    let holder = common::client(cluster);
+    let hot = holder.try_lock("hot").await.unwrap();
+    let rl = patient(cluster, Duration::from_secs(8), Duration::from_secs(60));
+    let mut waiting = tokio::task::JoinSet::new();
+    for i in 0..WAITERS {
+        let rl = rl.clone();
+        waiting.spawn(async move {
+            let lock = rl.many(&["hot", &format!("cold:{i}")]).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            lock.release().await.unwrap();
+        });
+    }
+    let subscribed = || common::subscribers(cluster, "hot").iter().all(|&n| n == 1);
+    assert!(common::eventually(Duration::from_secs(3), subscribed).await);
+    // Every waiter's first attempt, refused, is over.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before: u64 = (0..3).map(|i| script_calls(cluster, i)).sum();
+    let released_at = Instant::now();
+    hot.release().await.unwrap();
+    let all = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(done) = waiting.join_next().await {
+            done.unwrap();
+        }
+    });
+    all.await.expect("every waiter had its turn before its 8 s poll");
+    let took = released_at.elapsed();
+    let calls: u64 = (0..3).map(|i| script_calls(cluster, i)).sum::<u64>() - before;
+    // One release of "hot", then per waiter one granted attempt and one release, all on
+    // three nodes; room for a few lost races on top.
+    let needed = 3 * (1 + 2 * WAITERS as u64);
+    eprintln!(
+        "{WAITERS} multi-resource waiters: {calls} script calls ({needed} needed) in {took:?}"
+    );
+    assert!(calls <= needed * 2, "{calls} script calls for {needed} needed, in {took:?}");
+}

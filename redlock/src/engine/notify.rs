@@ -104,16 +104,31 @@ impl Channel {
         Self { heard: VecDeque::new(), subscribed: vec![false; nodes], waiters: VecDeque::new() }
     }
 
-    /// Wakes the waiters from the `from`-th on (the first of them in line, for 0) up to
-    /// the first one that watches this channel alone: a waiter for several keys may find
-    /// another of them held, and must not hold back the ones behind it.
+    /// Wakes, from the `from`-th waiter on (the first in line, for 0), the first one that
+    /// watches this channel alone, and the first one before it that watches several: a
+    /// waiter for several keys may find another of them held, and must not hold back the
+    /// one behind it for this key alone. Not every waiter for several keys before it: with
+    /// many of them sharing this key (and each its own other key), every release would
+    /// wake them all, each an attempt on every node, where one of them gets the key.
     fn wake_from(&self, from: usize) {
+        let mut several = false;
         for waiter in self.waiters.iter().skip(from) {
-            waiter.wake();
             if !waiter.several {
+                waiter.wake();
                 break;
             }
+            if !several {
+                waiter.wake();
+                several = true;
+            }
         }
+    }
+
+    /// Whether the waiter at `at` is one that [`Channel::wake_from`] wakes from the first.
+    fn woken_first(&self, at: usize) -> bool {
+        let Some(waiter) = self.waiters.get(at) else { return false };
+        let mut before = self.waiters.iter().take(at);
+        if waiter.several { before.all(|w| !w.several) } else { before.all(|w| w.several) }
     }
 
     /// Records that node `node` confirmed the subscription; `true` when at least a quorum of
@@ -293,8 +308,7 @@ impl Drop for ReleaseWatch {
             let Some(at) = watched.waiters.iter().position(|w| Arc::ptr_eq(w, &self.waiter)) else {
                 continue;
             };
-            // Woken by this channel only if no waiter for this key alone was before it.
-            let woken_here = unused && watched.waiters.iter().take(at).all(|w| w.several);
+            let woken_here = unused && watched.woken_first(at);
             watched.waiters.remove(at);
             if woken_here {
                 watched.wake_from(at);
@@ -489,7 +503,7 @@ mod tests {
     }
 
     #[test]
-    fn a_release_wakes_the_first_waiter_and_those_for_several_keys_ahead_of_it() {
+    fn a_release_wakes_the_first_waiter_for_its_key_alone_and_one_for_several_keys_before_it() {
         let waiter = |several| {
             Arc::new(Waiter { woken: AtomicBool::new(false), notify: Notify::new(), several })
         };
@@ -505,11 +519,17 @@ mod tests {
         channel.wake_from(0);
         assert_eq!(
             woken(&channel),
-            [true, true, true, false, false],
-            "waiters for several keys may find another held: up to the first for this one"
+            [true, false, true, false, false],
+            "one waiter for several keys, which may find another held, and the first for this one"
         );
+        let first = (0..5).map(|at| channel.woken_first(at)).collect::<Vec<_>>();
+        assert_eq!(first, [true, false, true, false, false]);
         channel.wake_from(3);
         assert_eq!(woken(&channel), [false, false, false, true, true], "handed on from the 4th");
+        let mut several = Channel::new(3);
+        several.waiters.extend([waiter(true), waiter(true), waiter(true)]);
+        several.wake_from(0);
+        assert_eq!(woken(&several), [true, false, false], "one release, one of them");
     }
 
     #[test]

@@ -1097,12 +1097,10 @@ fn script_calls(cluster: &Cluster, i: usize) -> u64 {
 
 /// One client's waiters for a shared key together with keys of their own (multi-resource
 /// locks over "hot" and "cold:i"): a release of "hot" lets one of them in, and costs the
-/// others no more than a few attempts each time. Each of them is a waiter for several
-/// keys, so a release of "hot" wakes every one of them, not the first; with `WAITERS` of
-/// them that is `WAITERS` attempts (and their clean-ups) per hand-on, about `WAITERS`² / 2
-/// in all where one attempt per hand-on would do.
+/// others no more than a few attempts each time. Waking every waiter for several keys at
+/// each release would cost `WAITERS` attempts (and their clean-ups) per hand-on, about
+/// `WAITERS`² / 2 in all where one attempt per hand-on does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a wake storm: a release wakes every multi-resource waiter of the key"]
 async fn multi_resource_waiters_sharing_a_key_are_not_all_woken_by_each_of_its_releases() {
     const WAITERS: usize = 8;
     let cluster = &common::cluster(3);

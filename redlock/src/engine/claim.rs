@@ -37,9 +37,9 @@ pub(crate) struct Claim<P: Protocol> {
     resource: Arc<str>,
     ttl: Ttl,
     deadline: Instant,
-    /// The latest instant a key of this claim may live to on a node, as far as the
-    /// requests sent so far could set it (clocks of the nodes aside).
-    expires_by: Instant,
+    /// How long a key of this claim may live on a node, as far as the requests sent so
+    /// far could set it.
+    reach: Reach,
     fence: Option<u64>,
     armed: bool,
     /// Whether it was granted (not an attempt still in progress).
@@ -131,7 +131,7 @@ impl<P: Protocol> Claim<P> {
             resource,
             ttl,
             deadline: ttl.deadline(started_at),
-            expires_by: started_at + ttl.duration(),
+            reach: Reach::of(started_at, ttl),
             fence: None,
             armed: true,
             granted: false,
@@ -299,7 +299,7 @@ impl<P: Protocol> Claim<P> {
             return Err(self.local_error(ErrorKind::NotHeld, "validity is over: not extending"));
         }
         let started_at = clock::now();
-        self.expires_by = self.expires_by.max(started_at + ttl.duration());
+        self.reach.cover(started_at, ttl);
         let command = Arc::new(self.proto.command(Op::Extend, &Args::lease(ttl)));
         let requests = self.everywhere(Op::Extend, &command);
         let (round, rest) =
@@ -585,7 +585,7 @@ impl<P: Protocol> Claim<P> {
             .map(|node| node.late_by(self.since, now))
             .max()
             .unwrap_or_default();
-        horizon(self.expires_by, (config.connect_timeout, config.node_timeout), late_by, self.ttl)
+        horizon(self.reach, (config.connect_timeout, config.node_timeout), late_by)
     }
 
     /// An undo's arguments: its tombstone lives from now until [`Claim::horizon`], so that
@@ -685,16 +685,39 @@ fn verdict(settled: Settled, decided_at: Instant, deadline: Instant) -> Verdict 
     }
 }
 
-/// [`Claim::horizon`] of a hold whose creates and renewals may set keys living until
-/// `expires_by`, on nodes given `(connect_timeout, node_timeout)` and whose creates may run
-/// up to `late_by` past their sender's timeout (see `Node::late_by`), with `ttl`'s drift.
-fn horizon(
+/// How long the keys of a claim may live on a node: until `expires_by` by the client's
+/// clock, plus `drift` if the node's clock runs slow; the widest of the leases its
+/// creates and renewals were sent with, granted or not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Reach {
     expires_by: Instant,
+    drift: Duration,
+}
+
+impl Reach {
+    /// A lease of `ttl` sent at `at`.
+    fn of(at: Instant, ttl: Ttl) -> Self {
+        Self { expires_by: at + ttl.duration(), drift: ttl.drift() }
+    }
+
+    /// Counts a renewal to `ttl` sent at `at` as well: a longer lease's drift allowance
+    /// is longer too, whether or not the renewal was granted.
+    fn cover(&mut self, at: Instant, ttl: Ttl) {
+        let other = Self::of(at, ttl);
+        self.expires_by = self.expires_by.max(other.expires_by);
+        self.drift = self.drift.max(other.drift);
+    }
+}
+
+/// [`Claim::horizon`] of a hold whose creates and renewals may set keys living as long as
+/// `reach` says, on nodes given `(connect_timeout, node_timeout)` and whose creates may run
+/// up to `late_by` past their sender's timeout (see `Node::late_by`).
+fn horizon(
+    reach: Reach,
     (connect_timeout, node_timeout): (Duration, Duration),
     late_by: Duration,
-    ttl: Ttl,
 ) -> Instant {
-    expires_by + timing::stamped_within(connect_timeout, node_timeout) + late_by + ttl.drift()
+    reach.expires_by + timing::stamped_within(connect_timeout, node_timeout) + late_by + reach.drift
 }
 
 impl<P: Protocol> Drop for Claim<P> {
@@ -762,16 +785,29 @@ mod tests {
         let ttl = Ttl::new(Duration::from_secs(10), 0.01).unwrap();
         let timeouts = (Duration::from_secs(1), Duration::from_millis(50));
         let late_by = Duration::from_millis(4);
-        let expires_by = at + ttl.duration();
+        let reach = Reach::of(at, ttl);
         // 10 s + 1 s + 2 x 50 ms + 4 ms + (100 + 2) ms.
         let expected = at + Duration::from_millis(10_000 + 1_000 + 100 + 4 + 102);
-        assert_eq!(horizon(expires_by, timeouts, late_by, ttl), expected);
+        assert_eq!(horizon(reach, timeouts, late_by), expected);
         // Each term counts in full.
         let later = |by: u64| expected + Duration::from_millis(by);
-        assert_eq!(horizon(expires_by, (timeouts.0 * 2, timeouts.1), late_by, ttl), later(1000));
-        assert_eq!(horizon(expires_by, (timeouts.0, timeouts.1 * 2), late_by, ttl), later(100));
-        assert_eq!(horizon(expires_by, timeouts, late_by * 2, ttl), later(4));
-        let longer = expires_by + Duration::from_secs(5);
-        assert_eq!(horizon(longer, timeouts, late_by, ttl), later(5000));
+        assert_eq!(horizon(reach, (timeouts.0 * 2, timeouts.1), late_by), later(1000));
+        assert_eq!(horizon(reach, (timeouts.0, timeouts.1 * 2), late_by), later(100));
+        assert_eq!(horizon(reach, timeouts, late_by * 2), later(4));
+        let mut longer = reach;
+        longer.cover(at + Duration::from_secs(5), ttl);
+        assert_eq!(horizon(longer, timeouts, late_by), later(5000));
+    }
+
+    #[test]
+    fn a_renewal_to_a_longer_lease_counts_its_drift_allowance_granted_or_not() {
+        let at = clock::now();
+        let ttl = |secs| Ttl::new(Duration::from_secs(secs), 0.01).unwrap();
+        let mut reach = Reach::of(at, ttl(10));
+        reach.cover(at + Duration::from_secs(1), ttl(60));
+        assert_eq!(reach, Reach::of(at + Duration::from_secs(1), ttl(60)), "60 s: 602 ms");
+        // A shorter renewal later takes back neither.
+        reach.cover(at + Duration::from_secs(2), ttl(10));
+        assert_eq!(reach, Reach::of(at + Duration::from_secs(1), ttl(60)));
     }
 }

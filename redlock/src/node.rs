@@ -621,7 +621,9 @@ impl Node {
     /// when narrower, see [`keep_reading`]). A slow reading once, long before, no
     /// longer counts: it widens the bounds of the holds whose creates it stamped only.
     ///
-    /// Asked at `now`: a caller that asks every node reads the clock once.
+    /// The reading in use counts with the error it will have aged to by `now`: the latest
+    /// a create still to be stamped may be stamped (a caller that asks every node reads
+    /// the clock once).
     pub(crate) fn late_by(&self, since: Instant, now: Instant) -> Duration {
         let Some(reading) = *lock_ignoring_poison(&self.clock) else {
             // A first reading may still come, as slow as a connect (or a read of the clock)

@@ -580,9 +580,12 @@ impl<P: Protocol> Claim<P> {
     /// lease, longer by the drift allowance if the node's clock runs slow.
     fn horizon(&self) -> Instant {
         let config = &self.core.config;
-        let now = clock::now();
+        // A create of the claim still on its way (an attempt's straggler) is stamped by
+        // then at the latest, with the reading in use aged that much more.
+        let stamped_by =
+            clock::now() + timing::stamped_within(config.connect_timeout, config.node_timeout);
         let late_by = (self.core.nodes.iter())
-            .map(|node| node.late_by(self.since, now))
+            .map(|node| node.late_by(self.since, stamped_by))
             .max()
             .unwrap_or_default();
         horizon(self.reach, (config.connect_timeout, config.node_timeout), late_by)

@@ -197,11 +197,57 @@ struct Lanes {
     /// One per multi-thread runtime that sent something to the node and still runs: a
     /// service has one or two.
     runtimes: Vec<Lane>,
+    /// While the node's connects keep failing: no new one before a pause.
+    down: Option<Down>,
 }
 
 impl Default for Lanes {
     fn default() -> Self {
-        Self { started: 0, made: 0, own: State::Idle, runtimes: Vec::new() }
+        Self { started: 0, made: 0, own: State::Idle, runtimes: Vec::new(), down: None }
+    }
+}
+
+/// What the node's last connects found while they kept failing, and when the next may
+/// start: at once after one failed connect (a reset, a restart: the next one is likely to
+/// open), then after a pause from [`timing::CONNECT_BACKOFF`]'s first, doubling per failed
+/// connect up to its last. Without it, every request and every undo sent again in the
+/// background opened a connect of its own to a node that is down: over a thousand a second
+/// with a few hundred undos waiting, each costing the client a socket and a task.
+#[derive(Clone, Debug)]
+struct Down {
+    failure: Failure,
+    pause: Duration,
+    until: Instant,
+    /// The connects started when it was recorded: one started since failing too counts
+    /// as the next failure; one started before it (another place's, in the same outage)
+    /// does not.
+    known_at: u64,
+}
+
+impl Down {
+    /// After a connect that found `failure` at `now`, following `before` (if the connects
+    /// before it failed too).
+    /// `known_at`: the connects started so far.
+    fn after(before: Option<&Down>, failure: Failure, now: Instant, known_at: u64) -> Self {
+        let (first, last) = timing::CONNECT_BACKOFF;
+        let pause = match before {
+            None => Duration::ZERO,
+            Some(down) if down.pause.is_zero() => first,
+            Some(down) => (down.pause * 2).min(last),
+        };
+        Self { failure, pause, until: now + pause, known_at }
+    }
+
+    /// What a request that finds no connection at `now` answers, if it is too soon for a
+    /// connect: what the last one found (not a timeout of its own: nothing was sent, and
+    /// nothing waited).
+    fn refusal(&self, now: Instant) -> Option<Failure> {
+        (now < self.until).then(|| match &self.failure {
+            Failure::ConnectTimedOut => {
+                Failure::Unreachable("the last connect timed out: not tried again yet".into())
+            }
+            failure => failure.clone(),
+        })
     }
 }
 
@@ -258,24 +304,41 @@ impl Connections {
     /// connect's task as soon as it ends (a connect nobody waits for any more still leaves
     /// its connection ready), and again by whoever waited for it (the task may have been
     /// dropped unfinished, with its runtime).
+    ///
+    /// `reached`: the result is the connect's own (not a cancellation or a panic seen by a
+    /// waiter), so that a failure says the node is down.
     fn settle(
         &self,
         place: Place,
         generation: u64,
         result: &Result<MultiplexedConnection, Failure>,
+        reached: bool,
     ) {
         let mut lanes = lock_ignoring_poison(&self.lanes);
         if result.is_ok() {
             self.opened.fetch_max(generation, Ordering::AcqRel);
         }
-        if let Some(state) = lanes.state(place)
-            && matches!(state, State::Connecting { generation: g, .. } if *g == generation)
-        {
-            self.connect_failed.store(result.is_err(), Ordering::Relaxed);
-            *state = match result {
-                Ok(connection) => State::Ready { generation, connection: connection.clone() },
-                Err(_) => State::Idle,
-            };
+        let Some(state) = lanes.state(place) else { return };
+        if !matches!(state, State::Connecting { generation: g, .. } if *g == generation) {
+            return;
+        }
+        self.connect_failed.store(result.is_err(), Ordering::Relaxed);
+        *state = match result {
+            Ok(connection) => State::Ready { generation, connection: connection.clone() },
+            Err(_) => State::Idle,
+        };
+        match result {
+            Ok(_) => lanes.down = None,
+            // Not a connect that began before the last failure was known: places that
+            // connect at the same moment of an outage (a reset) make one failure.
+            Err(failure)
+                if reached && lanes.down.as_ref().is_none_or(|down| generation > down.known_at) =>
+            {
+                let now = crate::clock::now();
+                lanes.down =
+                    Some(Down::after(lanes.down.as_ref(), failure.clone(), now, lanes.started));
+            }
+            Err(_) => {}
         }
     }
 }
@@ -991,7 +1054,7 @@ impl Node {
     async fn connection(&self) -> Result<Handle, Failure> {
         let mut place = self.place();
         let mut watch = None;
-        let (generation, future) = {
+        let connecting = {
             let mut guard = self.lock_lanes();
             let lanes = &mut *guard;
             place = lanes.resolve(place);
@@ -1013,6 +1076,7 @@ impl Node {
                     ended,
                 ));
             }
+            let refusal = lanes.down.as_ref().and_then(|down| down.refusal(crate::clock::now()));
             let Some((started, state)) = lanes.counted(place) else {
                 // Made above if it was missing.
                 return Err(Failure::Unreachable("no connection for this runtime".into()));
@@ -1025,13 +1089,17 @@ impl Node {
                         fresh: false,
                     });
                 }
-                State::Connecting { generation, future } => (*generation, future.clone()),
-                State::Idle => {
-                    *started += 1;
-                    let future = self.connect(place, *started);
-                    *state = State::Connecting { generation: *started, future: future.clone() };
-                    (*started, future)
-                }
+                State::Connecting { generation, future } => Ok((*generation, future.clone())),
+                State::Idle => match refusal {
+                    // The node's last connects failed a moment ago: not yet another.
+                    Some(failure) => Err(failure),
+                    None => {
+                        *started += 1;
+                        let future = self.connect(place, *started);
+                        *state = State::Connecting { generation: *started, future: future.clone() };
+                        Ok((*started, future))
+                    }
+                },
             }
         };
         if let Some((watch, ended)) = watch {
@@ -1045,8 +1113,10 @@ impl Node {
                 }));
             }
         }
+        // After the watch: a lane made for a runtime stays when its first request is refused.
+        let (generation, future) = connecting?;
         let result = future.await;
-        self.connections.settle(place, generation, &result);
+        self.connections.settle(place, generation, &result, false);
         if result.is_ok() && place != Place::Own {
             self.open_own();
         }
@@ -1088,7 +1158,7 @@ impl Node {
                 Ok(result) => result,
                 Err(_) => Err(Failure::ConnectTimedOut),
             };
-            connections.settle(place, generation, &result);
+            connections.settle(place, generation, &result, true);
             result
         });
         async move {
@@ -1364,6 +1434,30 @@ mod tests {
 
     fn lanes(node: &Node) -> usize {
         node.lock_lanes().runtimes.len()
+    }
+
+    #[test]
+    fn a_nodes_next_connect_after_two_failed_ones_waits_10_ms_doubling_to_a_second() {
+        let ms = Duration::from_millis;
+        let now = crate::clock::now();
+        let refused = Failure::Refused("refused".into());
+        let mut down = Down::after(None, refused.clone(), now, 1);
+        assert!(down.refusal(now).is_none(), "one failed connect: the next at once");
+        down = Down::after(Some(&down), refused.clone(), now, 1);
+        assert_eq!(down.pause, ms(10));
+        assert!(matches!(down.refusal(now + ms(9)), Some(Failure::Refused(_))), "what it found");
+        assert!(down.refusal(now + ms(10)).is_none(), "then a connect again");
+        down = Down::after(Some(&down), refused.clone(), now, 1);
+        assert_eq!(down.pause, ms(20));
+        for _ in 0..10 {
+            down = Down::after(Some(&down), refused.clone(), now, 1);
+        }
+        assert_eq!(down.pause, Duration::from_secs(1));
+        let timed_out = Down::after(Some(&down), Failure::ConnectTimedOut, now, 1);
+        assert!(
+            matches!(timed_out.refusal(now), Some(Failure::Unreachable(_))),
+            "a request refused at once did not time out"
+        );
     }
 
     #[test]

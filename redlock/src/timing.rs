@@ -42,6 +42,12 @@ pub(crate) const STALL: Duration = Duration::from_millis(100);
 /// How many quick retries a lost split gets per release.
 pub(crate) const SPLIT_RETRIES: u32 = 3;
 
+/// The pause before a node's next connect once one failed, doubling per failed connect
+/// from the first to the last: short, so that a node restarted is used again at once, and
+/// a connect a second at most to a node that stays down (see `node::Down`).
+pub(crate) const CONNECT_BACKOFF: (Duration, Duration) =
+    (Duration::from_millis(10), Duration::from_secs(1));
+
 /// The shortest and longest pause before a subscriber reconnects.
 pub(crate) const SUBSCRIBE_BACKOFF: (Duration, Duration) =
     (Duration::from_millis(50), Duration::from_secs(2));

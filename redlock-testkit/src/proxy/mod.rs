@@ -166,6 +166,14 @@ impl Proxy {
         *self.shared.fault()
     }
 
+    /// Closes every connection now, as [`NetFault::Reset`] does, and goes on accepting new
+    /// ones under the current fault: a reset once, with no moment in which a client's
+    /// reconnect is refused too (as between `set_fault(NetFault::Reset)` and `heal()`).
+    pub fn reset_connections(&self) {
+        let _fault = self.shared.fault();
+        self.shared.close_where(|_| true);
+    }
+
     /// Back to [`NetFault::None`].
     pub fn heal(&self) {
         self.set_fault(NetFault::None);

@@ -515,15 +515,15 @@ async fn a_stale_connection_then_noscript_on_the_resend_still_releases() {
         let mut re = rl.reentrant(&format!("re{round}"), "o").once().await.unwrap();
         for i in 0..3 {
             cluster.node(i).command(&["SCRIPT", "FLUSH"]).unwrap();
-            faulty.proxy(i).set_fault(NetFault::Reset);
             faulty.proxy(i).heal();
+            faulty.proxy(i).reset_connections();
         }
         if round % 2 == 0 {
             lock.extend(Duration::from_secs(10)).await.unwrap();
             for i in 0..3 {
                 cluster.node(i).command(&["SCRIPT", "FLUSH"]).unwrap();
-                faulty.proxy(i).set_fault(NetFault::Reset);
                 faulty.proxy(i).heal();
+                faulty.proxy(i).reset_connections();
             }
         }
         lock.release().await.unwrap_or_else(|err| panic!("round {round}: {err}"));
@@ -906,4 +906,33 @@ fn a_release_whose_slow_node_resets_after_an_idle_sync_wrappers_call_still_reach
         node.pttl("k")
     );
     drop(runtime);
+}
+
+/// A node that is down (its connections end as soon as they open) while many releases
+/// wait to reach it, each sent again in the background until its key's horizon, gets a few
+/// connects a second from the client, not one per release and re-send: the client neither
+/// floods the node's address nor burns its own CPU on connects bound to fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_is_down_gets_a_few_connects_a_second_not_one_per_request() {
+    let mut faulty = FaultyCluster::start(3).unwrap();
+    let rl = common::builder_for(faulty.urls(), Duration::from_millis(200)).build().unwrap();
+    let mut locks = Vec::new();
+    for i in 0..100 {
+        locks.push(rl.try_lock(&format!("connects:{i}")).await.unwrap());
+    }
+    // Behind its proxy: each connect is accepted (and counted), then closed.
+    faulty.cluster_mut().node_mut(2).kill().unwrap();
+    for lock in locks {
+        lock.release().await.unwrap();
+    }
+    let before = faulty.proxy(2).accepted();
+    let started = Instant::now();
+    for i in 0..100 {
+        let lock = rl.try_lock(&format!("connects:more:{i}")).await.unwrap();
+        lock.release().await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(2).saturating_sub(started.elapsed())).await;
+    let connects = faulty.proxy(2).accepted() - before;
+    eprintln!("{connects} connects in {:?}", started.elapsed());
+    assert!(connects <= 20, "{connects} connects in {:?}", started.elapsed());
 }

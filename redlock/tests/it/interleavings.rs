@@ -80,8 +80,8 @@ async fn a_reentrant_release_cut_after_it_ran_is_not_applied_twice() {
     tokio::time::sleep(Duration::from_millis(450)).await;
     // Reset, then healed at once: a client that re-sends finds a working connection.
     for i in 0..3 {
-        faulty.proxy(i).set_fault(NetFault::Reset);
         faulty.proxy(i).heal();
+        faulty.proxy(i).reset_connections();
     }
     let _ = release.await.unwrap(); // its outcome is unknown to the client; either answer will do
 

@@ -579,8 +579,8 @@ async fn a_resent_read_acquisition_that_lands_twice_leaves_no_share_behind() {
     })
     .await;
     assert!(started.elapsed() < Duration::from_millis(950), "too slow: R's reply already came");
-    cluster.client_proxy(0, 2).set_fault(NetFault::Reset);
     cluster.client_proxy(0, 2).heal();
+    cluster.client_proxy(0, 2).reset_connections();
 
     let err = reader.await.unwrap().unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotAcquired, "{err}");

@@ -311,8 +311,8 @@ async fn reset_before_the_decision_still_gets_the_failed_attempts_key_removed() 
         async move { rl.try_lock("k").await }
     });
     tokio::time::sleep(Duration::from_millis(30)).await;
-    faulty.proxy(2).set_fault(NetFault::Reset);
     faulty.proxy(2).heal();
+    faulty.proxy(2).reset_connections();
     let err = attempt.await.unwrap().unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotAcquired, "{err}");
     wake.join().unwrap();
@@ -354,8 +354,8 @@ async fn an_abandoned_attempt_never_refuses_a_new_attempt_during_its_clean_up_ro
 /// Breaks client 0's connection to node `i` (already-forwarded bytes stay in the node's
 /// buffer), then lets new connections through again at once.
 fn break_connection(cluster: &FaultyCluster, i: usize) {
-    cluster.proxy(i).set_fault(NetFault::Reset);
     cluster.proxy(i).heal();
+    cluster.proxy(i).reset_connections();
 }
 
 // A clean-up that times out on a re-opening connection is tried again. Interleaving (3

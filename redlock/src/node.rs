@@ -230,6 +230,9 @@ impl Down {
     /// `known_at`: the connects started so far.
     fn after(before: Option<&Down>, failure: Failure, now: Instant, known_at: u64) -> Self {
         let (first, last) = timing::CONNECT_BACKOFF;
+        // Failures long apart are not in a row (a lane that failed twice once, then none
+        // tried for a while): the first again.
+        let before = before.filter(|down| now.saturating_duration_since(down.until) < last * 2);
         let pause = match before {
             None => Duration::ZERO,
             Some(down) if down.pause.is_zero() => first,
@@ -239,15 +242,10 @@ impl Down {
     }
 
     /// What a request that finds no connection at `now` answers, if it is too soon for a
-    /// connect: what the last one found (not a timeout of its own: nothing was sent, and
-    /// nothing waited).
+    /// connect: what the last one found, as if it had found it itself (a connect that timed
+    /// out says the node may hang, as the request's own would have).
     fn refusal(&self, now: Instant) -> Option<Failure> {
-        (now < self.until).then(|| match &self.failure {
-            Failure::ConnectTimedOut => {
-                Failure::Unreachable("the last connect timed out: not tried again yet".into())
-            }
-            failure => failure.clone(),
-        })
+        (now < self.until).then(|| self.failure.clone())
     }
 }
 
@@ -886,7 +884,8 @@ impl Node {
     }
 
     /// Opens the node's connection if it has none (for at most the connect timeout),
-    /// whatever happened to the last connect.
+    /// whatever happened to the last connect; within the pause after connects that kept
+    /// failing (see `Down`), answers what the last one found, at once.
     pub(crate) async fn open_now(&self) -> Result<(), Failure> {
         // The connect bounds itself; this bounds a wait for one whose task never ends.
         match tokio::time::timeout(self.connect_timeout, self.connection()).await {
@@ -1455,9 +1454,12 @@ mod tests {
         assert_eq!(down.pause, Duration::from_secs(1));
         let timed_out = Down::after(Some(&down), Failure::ConnectTimedOut, now, 1);
         assert!(
-            matches!(timed_out.refusal(now), Some(Failure::Unreachable(_))),
-            "a request refused at once did not time out"
+            matches!(timed_out.refusal(now), Some(Failure::ConnectTimedOut)),
+            "a node whose connects time out may hang"
         );
+        let long_after = now + Duration::from_secs(4);
+        let again = Down::after(Some(&down), refused.clone(), long_after, 1);
+        assert!(again.refusal(long_after).is_none(), "failures seconds apart are not in a row");
     }
 
     #[test]

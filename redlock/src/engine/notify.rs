@@ -124,11 +124,28 @@ impl Channel {
         }
     }
 
-    /// Whether the waiter at `at` is one that [`Channel::wake_from`] wakes from the first.
+    /// Whether the waiter at `at` is one that [`Channel::wake_from`] wakes from the first:
+    /// a waiter for several keys if it is first, one for this key alone if only waiters for
+    /// several are before it.
     fn woken_first(&self, at: usize) -> bool {
         let Some(waiter) = self.waiters.get(at) else { return false };
-        let mut before = self.waiters.iter().take(at);
-        if waiter.several { before.all(|w| !w.several) } else { before.all(|w| w.several) }
+        if waiter.several {
+            return at == 0;
+        }
+        self.waiters.iter().take(at).all(|w| w.several)
+    }
+
+    /// Moves `waiter`, one for several keys, behind the others for several keys: woken
+    /// first, it found another of its keys held, and would otherwise take every release
+    /// of this one from them.
+    fn step_back(&mut self, waiter: &Arc<Waiter>) {
+        let Some(at) = self.waiters.iter().position(|w| Arc::ptr_eq(w, waiter)) else { return };
+        let last = self.waiters.iter().rposition(|w| w.several).unwrap_or(at);
+        if last > at
+            && let Some(moved) = self.waiters.remove(at)
+        {
+            self.waiters.insert(last, moved);
+        }
     }
 
     /// Records that node `node` confirmed the subscription; `true` when at least a quorum of
@@ -289,6 +306,21 @@ impl ReleaseWatch {
                 return;
             }
             notified.await;
+        }
+    }
+
+    /// Records that this waiter, one for several keys, was refused after a wake-up: it steps
+    /// back behind the other waiters for several keys of each of its keys, so that the next
+    /// release wakes another of them (see [`Channel::step_back`]).
+    pub(crate) fn refused_after_wake(&self) {
+        if !self.waiter.several {
+            return;
+        }
+        let mut registry = lock(&self.registry);
+        for channel in &self.channels {
+            if let Some(watched) = registry.channels.get_mut(channel) {
+                watched.step_back(&self.waiter);
+            }
         }
     }
 
@@ -530,6 +562,30 @@ mod tests {
         several.waiters.extend([waiter(true), waiter(true), waiter(true)]);
         several.wake_from(0);
         assert_eq!(woken(&several), [true, false, false], "one release, one of them");
+        let mut behind = Channel::new(3);
+        behind.waiters.extend([waiter(false), waiter(true)]);
+        behind.wake_from(0);
+        assert_eq!(woken(&behind), [true, false], "behind the first for this key alone");
+        assert!(!behind.woken_first(1));
+    }
+
+    #[test]
+    fn a_waiter_for_several_keys_refused_after_a_wake_up_steps_back_behind_the_others() {
+        let waiter = |several| {
+            Arc::new(Waiter { woken: AtomicBool::new(false), notify: Notify::new(), several })
+        };
+        let (first, second, alone, third) =
+            (waiter(true), waiter(true), waiter(false), waiter(true));
+        let mut channel = Channel::new(3);
+        channel.waiters.extend([first.clone(), second.clone(), alone.clone(), third.clone()]);
+        channel.step_back(&first);
+        let order: Vec<_> = channel.waiters.iter().cloned().collect();
+        assert!(Arc::ptr_eq(&order[0], &second));
+        assert!(Arc::ptr_eq(&order[1], &alone));
+        assert!(Arc::ptr_eq(&order[2], &third));
+        assert!(Arc::ptr_eq(&order[3], &first), "behind the last waiter for several keys");
+        channel.wake_from(0);
+        assert!(second.woken.load(Ordering::Acquire), "the next release wakes another");
     }
 
     #[test]

@@ -88,6 +88,12 @@ where
                     Err(err) => err,
                 };
                 let held = err.kind() == ErrorKind::NotAcquired && err.granted() == 0;
+                if woken
+                    && err.kind() == ErrorKind::NotAcquired
+                    && let Some(watch) = &releases
+                {
+                    watch.refused_after_wake();
+                }
                 if let Some(mark) = mark {
                     mark.found(if held { Outcome::Held(err.clone()) } else { Outcome::Other });
                 }

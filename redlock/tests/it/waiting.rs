@@ -1139,3 +1139,45 @@ async fn multi_resource_waiters_sharing_a_key_are_not_all_woken_by_each_of_its_r
     );
     assert!(calls <= needed * 2, "{calls} script calls for {needed} needed, in {took:?}");
 }
+
+/// Two of one client's multi-resource waiters share a key "x": the first also waits for
+/// "a", which stays held; the second for "b", which is free. A release of "x" wakes one of
+/// them; the first, refused (for "a"), steps back, so the next release of "x" wakes the
+/// second, which gets both keys: the first does not take every release of "x" from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_resource_waiter_refused_after_a_wake_up_lets_the_next_release_wake_another() {
+    let cluster = common::cluster(3);
+    let holder = common::client(&cluster);
+    let _a = holder.try_lock("a").await.unwrap();
+    let x = holder.try_lock("x").await.unwrap();
+    let rl = patient(&cluster, Duration::from_secs(8), Duration::from_secs(30));
+    let first = tokio::spawn({
+        let rl = rl.clone();
+        async move { rl.many(&["x", "a"]).await.map(drop) }
+    });
+    let cluster = &cluster;
+    let subscribed = |key| move || common::subscribers(cluster, key).iter().all(|&n| n == 1);
+    assert!(common::eventually(Duration::from_secs(3), subscribed("a")).await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = tokio::spawn({
+        let rl = rl.clone();
+        async move {
+            let lock = rl.many(&["x", "b"]).await.unwrap();
+            let granted_at = Instant::now();
+            lock.release().await.unwrap();
+            granted_at
+        }
+    });
+    assert!(common::eventually(Duration::from_secs(3), subscribed("b")).await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The first release of "x" wakes the first waiter, refused for "a"; "x" is taken again
+    // before the second waiter's poll.
+    x.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let x = holder.try_lock("x").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released_at = Instant::now();
+    x.release().await.unwrap();
+    woken_by_the_release(released_at, second).await;
+    first.abort();
+}

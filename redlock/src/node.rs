@@ -609,7 +609,7 @@ impl Node {
         }
         // Stale, or never read (its `TIME` was refused): read it first, at most once per
         // resync period while it keeps failing.
-        let _ = self.read_clock_now(within).await;
+        self.read_clock_now(within).await;
         // The reading in use: the fresh one, an aged one still narrower, or one that
         // another caller took meanwhile.
         let clock = lock_ignoring_poison(&self.clock);
@@ -699,30 +699,27 @@ impl Node {
     }
 
     /// Reads the node's clock on the caller's open connection now (for at most `within`), and keeps
-    /// the reading (see [`keep_reading`]); `None` when that failed, or was wider than the reading
+    /// the reading (see [`keep_reading`]); not when that failed, or was wider than the reading
     /// in use, less than [`timing::CLOCK_RESYNC`] ago.
-    async fn read_clock_now(&self, within: Duration) -> Option<NodeClock> {
+    async fn read_clock_now(&self, within: Duration) {
         let now = crate::clock::now();
         let failed = self.clock_failed_at.load(Ordering::Relaxed);
         if failed != 0 && self.nanos(now) < failed.saturating_add(duration_ns(timing::CLOCK_RESYNC))
         {
-            return None;
+            return;
         }
-        let mut connection = self.ready()?.connection;
+        let Some(handle) = self.ready() else { return };
+        let mut connection = handle.connection;
         // Within the connect timeout too: no reading's error exceeds half of it (see
         // `Node::late_by` while none was taken).
         let within = within.min(self.connect_timeout);
         match tokio::time::timeout(within, read_clock(&mut connection)).await {
             Ok(Ok(fresh)) if keep_reading(&self.clock, fresh) => {
                 self.clock_failed_at.store(0, Ordering::Relaxed);
-                Some(fresh)
             }
             // Wider than the aged reading in use: that one stays, and is not read again
             // first for a while (each create would wait for a `TIME` meanwhile).
-            _ => {
-                self.clock_failed_at.store(self.nanos(now).max(1), Ordering::Relaxed);
-                None
-            }
+            _ => self.clock_failed_at.store(self.nanos(now).max(1), Ordering::Relaxed),
         }
     }
 
@@ -1618,13 +1615,20 @@ mod tests {
         assert_eq!(node.late_by(after, crate::clock::now()), ms(40));
     }
 
+    /// A node whose clock was read with a round trip of 2 ms, at the instant returned.
+    fn node_with_a_quick_reading() -> (Node, Instant) {
+        let node = node();
+        let now = crate::clock::now();
+        let ms = Duration::from_millis;
+        let quick = NodeClock::taken(now - ms(1), now + ms(1), (1_000_000, 0));
+        assert!(keep_reading(&node.clock, quick), "the first reading");
+        (node, now)
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_reading_of_the_clock_replaces_the_one_in_use_only_when_narrower() {
         let ms = Duration::from_millis;
-        let node = node();
-        let now = crate::clock::now();
-        let quick = NodeClock::taken(now - ms(1), now + ms(1), (1_000_000, 0));
-        assert!(keep_reading(&node.clock, quick), "the first reading");
+        let (node, now) = node_with_a_quick_reading();
         // A slow one (a new connection's `TIME` held back): the quick one stays.
         let slow = NodeClock::taken(now - ms(300), now + ms(300), (1_000_000, 0));
         assert!(!keep_reading(&node.clock, slow));
@@ -1639,10 +1643,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_wider_reading_of_the_clock_that_disagrees_with_the_one_in_use_replaces_it() {
         let ms = Duration::from_millis;
-        let node = node();
-        let now = crate::clock::now();
-        let quick = NodeClock::taken(now - ms(1), now + ms(1), (1_000_000, 0));
-        assert!(keep_reading(&node.clock, quick), "the first reading");
+        let (node, _) = node_with_a_quick_reading();
         // 5 s later by our clock, a slow `TIME` that reads the same clock: the quick one stays.
         tokio::time::advance(Duration::from_secs(5)).await;
         let later = crate::clock::now();

@@ -594,8 +594,8 @@ impl<P: Protocol> Claim<P> {
     /// An undo's arguments: its tombstone lives from now until [`Claim::horizon`], so that
     /// no create of the token that is still on its way can set anything after it, and a
     /// re-sent release can tell a hold it removed from one that was gone. With that horizon:
-    /// the undo is sent again until then at most (no create of the token is stamped after
-    /// its undo, so a later reckoning would give the same bound).
+    /// the undo is sent again until then at most (it already counts the creates still on
+    /// their way, stamped at the latest: see [`Claim::horizon`]).
     fn undo_args(&self) -> (Args<'static>, Instant) {
         let horizon = self.horizon();
         let keep = Keep::new(horizon.saturating_duration_since(clock::now()));

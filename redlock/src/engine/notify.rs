@@ -16,8 +16,9 @@
 //! (this client's own releases of an exclusive hold hand on to its next waiter directly:
 //! see `queue`). A waiter for several keys (a multi-resource lock) watches every key's
 //! channel and is woken by a release of any of them; since another of its keys may still
-//! be held, it does not stand for the waiters behind it: those up to the first waiter for
-//! that key alone are woken with it. A waiter subscribes after its first refusal, so a
+//! be held, it does not stand for the waiters behind it: the first waiter for that key
+//! alone is woken with it (but no other waiter for several keys: see `Channel::wake_from`).
+//! A waiter subscribes after its first refusal, so a
 //! release can come before its subscription: once the channel is subscribed on a quorum of
 //! nodes (again, after connections were lost), the first waiter is woken as if by a
 //! release, and attempts again; and again each time one more node confirms it, since a
@@ -534,11 +535,13 @@ mod tests {
         assert!(channel.published(2, b"1", 2));
     }
 
+    /// A waiter, for several keys or for one.
+    fn waiter(several: bool) -> Arc<Waiter> {
+        Arc::new(Waiter { woken: AtomicBool::new(false), notify: Notify::new(), several })
+    }
+
     #[test]
     fn a_release_wakes_the_first_waiter_for_its_key_alone_and_one_for_several_keys_before_it() {
-        let waiter = |several| {
-            Arc::new(Waiter { woken: AtomicBool::new(false), notify: Notify::new(), several })
-        };
         let woken = |channel: &Channel| -> Vec<bool> {
             channel.waiters.iter().map(|w| w.woken.swap(false, Ordering::AcqRel)).collect()
         };
@@ -571,9 +574,6 @@ mod tests {
 
     #[test]
     fn a_waiter_for_several_keys_refused_after_a_wake_up_steps_back_behind_the_others() {
-        let waiter = |several| {
-            Arc::new(Waiter { woken: AtomicBool::new(false), notify: Notify::new(), several })
-        };
         let (first, second, alone, third) =
             (waiter(true), waiter(true), waiter(false), waiter(true));
         let mut channel = Channel::new(3);

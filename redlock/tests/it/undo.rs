@@ -1189,17 +1189,33 @@ async fn a_create_stamped_from_the_first_reading_of_a_nodes_clock_after_its_rele
     common::warm(&rl).await;
     common::connect_all(&rl).await;
     common::run(faulty.cluster(), 2, &["ACL", "SETUSER", "default", "+time"]);
-    let hold_time = Duration::from_millis(3500);
-    faulty.proxy(2).hold_requests_containing(b"$4\r\nTIME\r\n", hold_time);
+    let holds = (Duration::from_millis(3500), Duration::from_millis(3000));
+    let back = released_key_back_on_node_2(&faulty, &rl, holds, Duration::from_secs(8)).await;
+    assert_eq!(back, None, "the released key came back on node 2 (at {back:?} from the start)");
+}
+
+/// With node 2's `TIME` held back `time_hold`, `rl`'s lock on "late", taken on a runtime of
+/// its own (its own connections: node 2's waits for that `TIME`, the lock is granted by
+/// nodes 0 and 1), released at once on the client's own connections (node 2 answers, with
+/// nothing there yet, and keeps a tombstone); node 2's create, about to go out once its
+/// `TIME` is answered, then held back `create_hold` more. When, after the lock began, node
+/// 2 held the key again, if it did `within`.
+async fn released_key_back_on_node_2(
+    faulty: &FaultyCluster,
+    rl: &Redlock,
+    (time_hold, create_hold): (Duration, Duration),
+    within: Duration,
+) -> Option<Duration> {
+    faulty.proxy(2).hold_requests_containing(b"$4\r\nTIME\r\n", time_hold);
     let started = Instant::now();
-    let (lock, token, runtime, stop) = lock_on_a_new_runtime(&rl, "late").await;
+    let (lock, token, runtime, stop) = lock_on_a_new_runtime(rl, "late").await;
     lock.release().await.unwrap();
-    tokio::time::sleep(hold_time.saturating_sub(Duration::from_millis(300))).await;
-    faulty.proxy(2).hold_requests_containing(b"late", Duration::from_millis(3000));
-    let back = back_on(&faulty, 2, ("late", &token), started, Duration::from_secs(8)).await;
+    tokio::time::sleep(time_hold.saturating_sub(Duration::from_millis(300))).await;
+    faulty.proxy(2).hold_requests_containing(b"late", create_hold);
+    let back = back_on(faulty, 2, ("late", &token), started, within).await;
     let _ = stop.send(());
     runtime.join().unwrap();
-    assert_eq!(back, None, "the released key came back on node 2 (at {back:?} from the start)");
+    back
 }
 
 /// `rl`'s lock on `key`, taken on a multi-thread runtime of its own (its own connections),
@@ -1260,23 +1276,11 @@ async fn a_create_stamped_from_a_slower_reading_taken_after_its_release_sets_not
     // readings of every node's clock.
     common::warm(&rl).await;
     common::connect_all(&rl).await;
-    let hold_time = Duration::from_millis(2500);
-    faulty.proxy(2).hold_requests_containing(b"$4\r\nTIME\r\n", hold_time);
-    let started = Instant::now();
-    // A multi-thread runtime's first lock: its own connections open, node 2's waits for
-    // its `TIME`; the lock is granted by nodes 0 and 1.
-    let (lock, token, runtime, stop) = lock_on_a_new_runtime(&rl, "late").await;
-    // Released here, on the client's own connections: node 2 answers at once (nothing
-    // there yet) and keeps a tombstone for the hold's horizon.
-    lock.release().await.unwrap();
-    // Node 2's create goes out once its connection's `TIME` is answered: hold it until
-    // well past the tombstone (a lease, a connect and two node timeouts after the start),
-    // not past its own deadline (a node timeout and twice the reading's error after it
-    // was stamped, 2.5 s after the start).
-    tokio::time::sleep(hold_time.saturating_sub(Duration::from_millis(300))).await;
-    faulty.proxy(2).hold_requests_containing(b"late", Duration::from_millis(1900));
-    let back = back_on(&faulty, 2, ("late", &token), started, Duration::from_secs(6)).await;
-    let _ = stop.send(());
-    runtime.join().unwrap();
+    // Node 2's create goes out once its connection's `TIME` (held 2.5 s) is answered:
+    // held then until well past the tombstone (a lease, a connect and two node timeouts
+    // after the start), not past its own deadline (a node timeout and twice the reading's
+    // error after it was stamped, 2.5 s after the start).
+    let holds = (Duration::from_millis(2500), Duration::from_millis(1900));
+    let back = released_key_back_on_node_2(&faulty, &rl, holds, Duration::from_secs(6)).await;
     assert_eq!(back, None, "the released key came back on node 2 (at {back:?} from the start)");
 }

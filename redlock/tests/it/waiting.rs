@@ -998,6 +998,18 @@ async fn a_waiter_for_a_and_b(cluster: &Cluster) -> tokio::task::JoinHandle<Inst
     waiting
 }
 
+/// A waiter for "a" and "b" (see [`a_waiter_for_a_and_b`]) held back by what `release`
+/// releases is granted well before its poll once it runs.
+async fn woken_once_released(
+    cluster: &Cluster,
+    release: impl std::future::Future<Output = Result<(), redlock::Error>>,
+) {
+    let waiting = a_waiter_for_a_and_b(cluster).await;
+    let released_at = Instant::now();
+    release.await.unwrap();
+    woken_by_the_release(released_at, waiting).await;
+}
+
 /// How long after `released_at` the waiter was granted, checked to be well before its 8 s
 /// poll.
 async fn woken_by_the_release(released_at: Instant, waiting: tokio::task::JoinHandle<Instant>) {
@@ -1012,10 +1024,7 @@ async fn a_multi_resource_waiter_is_woken_by_the_release_of_its_second_key() {
     let cluster = common::cluster(3);
     let holder = common::client(&cluster);
     let lock = holder.try_lock("b").await.unwrap();
-    let waiting = a_waiter_for_a_and_b(&cluster).await;
-    let released_at = Instant::now();
-    lock.release().await.unwrap();
-    woken_by_the_release(released_at, waiting).await;
+    woken_once_released(&cluster, lock.release()).await;
 }
 
 /// The same when another client's multi-resource lock of "b" and "c" holds it back: that
@@ -1026,10 +1035,7 @@ async fn a_multi_resource_waiter_is_woken_by_the_release_of_a_multi_resource_loc
     let cluster = common::cluster(3);
     let holder = common::client(&cluster);
     let lock = holder.many(&["b", "c"]).once().await.unwrap();
-    let waiting = a_waiter_for_a_and_b(&cluster).await;
-    let released_at = Instant::now();
-    lock.release().await.unwrap();
-    woken_by_the_release(released_at, waiting).await;
+    woken_once_released(&cluster, lock.release()).await;
 }
 
 /// And, as before, by the release of its first key.
@@ -1038,10 +1044,7 @@ async fn a_multi_resource_waiter_is_woken_by_the_release_of_its_first_key() {
     let cluster = common::cluster(3);
     let holder = common::client(&cluster);
     let lock = holder.try_lock("a").await.unwrap();
-    let waiting = a_waiter_for_a_and_b(&cluster).await;
-    let released_at = Instant::now();
-    lock.release().await.unwrap();
-    woken_by_the_release(released_at, waiting).await;
+    woken_once_released(&cluster, lock.release()).await;
 }
 
 /// A multi-resource waiter woken by the release of one key may find another held: it does

@@ -178,7 +178,8 @@
 //!   fail at once. (Reaching the bound takes about a hundred thousand requests to one hung
 //!   node; no test does.)
 //! - An undo that cannot reach its node (a reset, a node down that may come back with its
-//!   data) is sent again, with pauses up to a second, until the hold's horizon (its TTL,
+//!   data), or that the node puts off (`LOADING` while it restarts, `BUSY` while a script
+//!   runs), is sent again, with pauses up to a second, until the hold's horizon (its TTL,
 //!   the connect and node timeouts and the clock error after its last create); a node that
 //!   comes back later than that has let the key expire by itself. A shutdown does not wait
 //!   for these re-sends: it names their nodes.

@@ -10,8 +10,9 @@
 //!   short-lived runtime, a test's), the nodes that had not answered are handed over to the
 //!   client's own thread and their undos sent again (every undo is safe to repeat): an undo
 //!   dropped unsent would leave its key for a whole lease.
-//! - An undo that timed out or could not reach its node (a reset, a node down that may come
-//!   back with its data) is sent again, after pauses that double up to a second, until it
+//! - An undo that timed out, could not reach its node (a reset, a node down that may come
+//!   back with its data) or was put off by it (`LOADING`, `BUSY`: see [`may_pass`]) is
+//!   sent again, after pauses that double up to a second, until it
 //!   is answered or nothing it removes can exist any more (the claim's horizon: every
 //!   create of its token is past its deadline and what it set has expired). Every undo is
 //!   safe to repeat and leaves a tombstone, so it needs no particular connection nor order;
@@ -267,12 +268,24 @@ impl<M: Remake> Undos<M> {
 }
 
 /// Whether an undo failed for a reason that may pass: it timed out (the node may be hung,
-/// with what it undoes still to run) or could not reach its node (a reset, a node down that
-/// may come back with its data). Not a refusal, nor an answer: sending it again changes
-/// nothing.
+/// with what it undoes still to run), could not reach its node (a reset, a node down that
+/// may come back with its data), or the node said it could not run it yet (see
+/// [`PASSING`]). Not a refusal, nor an answer: sending it again changes nothing.
 pub(crate) fn may_pass(outcome: &NodeOutcome) -> bool {
-    matches!(outcome, NodeOutcome::TimedOut | NodeOutcome::Unreachable(_))
+    match outcome {
+        NodeOutcome::TimedOut | NodeOutcome::Unreachable(_) => true,
+        NodeOutcome::Failed(message) => {
+            message.split(' ').next().is_some_and(|code| PASSING.contains(&code))
+        }
+        _ => false,
+    }
 }
+
+/// The error replies with which a node says it ran nothing, for now: it is loading its
+/// data after a restart (`LOADING`), a script or module command is running past the busy
+/// threshold (`BUSY`), or it is a replica cut off from its master (`MASTERDOWN`). Such a
+/// node, restarted with the key on disk, keeps it for its lease unless the undo comes again.
+const PASSING: [&str; 3] = ["LOADING", "BUSY", "MASTERDOWN"];
 
 /// Counts and logs an undo that failed for good, where what it undoes may have reached the
 /// node: where no connection opened since that was made, nothing is there to undo.
@@ -426,15 +439,24 @@ mod tests {
     }
 
     #[test]
-    fn only_an_undo_that_timed_out_or_could_not_reach_its_node_is_sent_again() {
+    fn only_an_undo_that_timed_out_could_not_reach_its_node_or_was_put_off_is_sent_again() {
         assert!(may_pass(&NodeOutcome::TimedOut));
         assert!(may_pass(&NodeOutcome::Unreachable("reset".into())));
+        for put_off in [
+            "LOADING Redis is loading the dataset in memory",
+            "BUSY Redis is busy running a script.",
+            "MASTERDOWN Link with MASTER is down",
+        ] {
+            assert!(may_pass(&NodeOutcome::Failed(put_off.into())), "{put_off}");
+        }
         for answered in [
             NodeOutcome::Ok,
             NodeOutcome::Absent,
             NodeOutcome::Held,
             NodeOutcome::WrongType,
             NodeOutcome::Failed("NOPERM".into()),
+            NodeOutcome::Failed("ERR unknown command".into()),
+            NodeOutcome::Failed("unexpected reply BUSY".into()),
         ] {
             assert!(!may_pass(&answered), "{answered:?}");
         }

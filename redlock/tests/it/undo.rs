@@ -161,6 +161,32 @@ async fn a_release_through_a_reset_of_several_seconds_removes_the_key_once_it_he
     );
 }
 
+/// Node 2 is busy in another client's script when the lock is released: it answers
+/// `BUSY`, which runs nothing (so would `LOADING`, from a node restarting with its data).
+/// The release is sent again from the background, and the key is gone from node 2 soon
+/// after the script ends, long before its lease does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_a_busy_node_put_off_is_sent_again_once_it_is_free() {
+    let faulty = FaultyCluster::start(3).unwrap();
+    let rl =
+        common::builder_for(faulty.urls(), Duration::from_millis(250)).ttl(LEASE).build().unwrap();
+    let lock = rl.try_lock("busy-release").await.unwrap();
+    let everywhere = || faulty.cluster().nodes_holding("busy-release", lock.token()).len() == 3;
+    assert!(common::eventually(Duration::from_secs(2), everywhere).await);
+    let script = busy_for(&faulty, 2, Duration::from_millis(800));
+    // Past the busy threshold (10 ms): other clients get `BUSY` now.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    lock.release().await.unwrap();
+    script.join().unwrap();
+    assert_eq!(faulty.cluster().count_key("busy-release"), 1, "the premise: node 2 kept it");
+    let gone = || faulty.cluster().count_key("busy-release") == 0;
+    assert!(
+        common::eventually(Duration::from_secs(2), gone).await,
+        "the released key stays on node 2 for {} ms more",
+        faulty.cluster().node(2).pttl("busy-release").unwrap()
+    );
+}
+
 /// A lock's acquisition reaches node 2 while it hangs (SIGSTOP) and waits in its socket
 /// buffer; the connection is reset once; the release answers at the quorum and its
 /// re-sends to node 2 stop at the claim's horizon; node 2 wakes up well after that and

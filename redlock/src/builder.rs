@@ -260,9 +260,9 @@ impl RedlockBuilder {
     /// Checks the configuration and creates the client. Fails with
     /// [`ErrorKind::Config`](crate::ErrorKind::Config) for no nodes, an unparsable or
     /// duplicate URL, a TTL that rounds to zero milliseconds (or is absurdly long) or leaves
-    /// nothing after the drift allowance, a zero timeout, a drift factor outside `[0, 1)`
-    /// or a retry policy that never starts or never ends, and for a `rediss://` node when
-    /// the library was built without a TLS feature.
+    /// nothing after the drift allowance, a zero timeout (or one over 100 years), a drift
+    /// factor outside `[0, 1)` or a retry policy that never starts or never ends, and for a
+    /// `rediss://` node when the library was built without a TLS feature.
     pub fn build(self) -> Result<Redlock> {
         if self.nodes.is_empty() {
             return Err(Error::config("no nodes given"));
@@ -273,6 +273,10 @@ impl RedlockBuilder {
         }
         if self.connect_timeout.is_zero() {
             return Err(Error::config("connect_timeout must be greater than zero"));
+        }
+        // The bounds summed from them (a hold's horizon) stay far from overflowing.
+        if self.node_timeout.max(self.connect_timeout) > crate::quorum::MAX_TTL {
+            return Err(Error::config("node_timeout and connect_timeout must be under 100 years"));
         }
         self.retry.validate().map_err(Error::config)?;
         let config = Config {
@@ -415,6 +419,8 @@ mod tests {
         assert!(config_error(three().ttl(Duration::MAX)).contains("ttl"));
         assert!(config_error(three().node_timeout(Duration::ZERO)).contains("node_timeout"));
         assert!(config_error(three().connect_timeout(Duration::ZERO)).contains("connect_timeout"));
+        assert!(config_error(three().connect_timeout(Duration::MAX)).contains("100 years"));
+        assert!(config_error(three().node_timeout(Duration::MAX)).contains("100 years"));
         assert!(config_error(three().drift_factor(1.0)).contains("drift_factor"));
         assert!(config_error(three().drift_factor(-0.1)).contains("drift_factor"));
         assert!(config_error(three().drift_factor(f64::NAN)).contains("drift_factor"));

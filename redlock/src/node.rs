@@ -424,6 +424,9 @@ pub(crate) struct Node {
     /// When reading the node's clock last failed, in nanoseconds from `epoch` (0: it did
     /// not): it is not tried again before [`timing::CLOCK_RESYNC`] has passed.
     clock_failed_at: AtomicU64,
+    /// When a create was last given no deadline (its clock never read), in nanoseconds from
+    /// `epoch`, plus one (0: never): such a create may run however late.
+    undated_at: AtomicU64,
 }
 
 fn duration_us(duration: Duration) -> u64 {
@@ -585,6 +588,7 @@ impl Node {
             errors: Mutex::default(),
             errors_latest: AtomicU64::new(u64::MAX),
             clock_failed_at: AtomicU64::new(0),
+            undated_at: AtomicU64::new(0),
         }
     }
 
@@ -613,8 +617,11 @@ impl Node {
         // The reading in use: the fresh one, an aged one still narrower, or one that
         // another caller took meanwhile.
         let clock = lock_ignoring_poison(&self.clock);
-        let Some(reading) = *clock else { return 0 };
         let now = crate::clock::now();
+        let Some(reading) = *clock else {
+            self.undated_at.fetch_max(self.nanos(now).saturating_add(1), Ordering::Relaxed);
+            return 0;
+        };
         self.deadline_aged(reading, within, now, now.saturating_duration_since(reading.at))
     }
 
@@ -664,6 +671,16 @@ impl Node {
         let widest = errors.record(period, us);
         // Stored under the lock: it always names a period `errors` holds at least as wide.
         self.errors_latest.store(packed(period, widest), Ordering::Relaxed);
+    }
+
+    /// Whether every create sent to the node since `since`, and every one still to be
+    /// stamped, carries a deadline: its clock is read, and was when each was stamped
+    /// (readings are replaced, never dropped).
+    pub(crate) fn dates_creates_since(&self, since: Instant) -> bool {
+        // Read under the reading's lock, under which an undated create notes itself.
+        let clock = lock_ignoring_poison(&self.clock);
+        let undated = self.undated_at.load(Ordering::Relaxed);
+        clock.is_some() && (undated == 0 || undated <= self.nanos(since))
     }
 
     /// How far past a request's own timeout the node may still run a create of a hold whose

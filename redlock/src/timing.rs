@@ -121,3 +121,19 @@ pub(crate) fn sent_within(connect_timeout: Duration, node_timeout: Duration) -> 
 pub(crate) fn stamped_within(connect_timeout: Duration, node_timeout: Duration) -> Duration {
     sent_within(connect_timeout, node_timeout) + node_timeout
 }
+
+/// The latest an undo's request reads a reply after it starts: a connect timeout, a node
+/// timeout, then each send again of a lost undo ([`UNDO_AGAIN`]) after its pause, within a
+/// node timeout (`call::resend_lost` sends none whose reply could come later). An undo's
+/// tombstone lives at least that long, so that a send again whose earlier send removed the
+/// hold finds it and answers exactly.
+pub(crate) fn undo_replied_within(connect_timeout: Duration, node_timeout: Duration) -> Duration {
+    let again: Duration = UNDO_AGAIN.iter().map(|pause| *pause + node_timeout).sum();
+    connect_timeout + node_timeout + again
+}
+
+/// `span` of the client's clock as a node's clock may count it: longer by [`CLOCK_DRIFT`]
+/// and by Redis's expiry precision.
+pub(crate) fn with_drift(span: Duration) -> Duration {
+    span + span.mul_f64(CLOCK_DRIFT) + EXPIRY_PRECISION
+}

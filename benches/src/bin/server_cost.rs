@@ -10,8 +10,9 @@
 //! Part 2, tombstones: ours at a sustained rate (5,000 lock+release a second on distinct
 //! keys by default) for `seconds`; every second, the tombstones (keys with `:undone:` in
 //! their name) and `used_memory` of node 0, against the same before the run. A tombstone
-//! lives until its hold's horizon (lease + connect timeout + 2 node timeouts + clock
-//! error), so the count settles at about rate x that.
+//! of a release right after its grant lives as long as the release's requests may read a
+//! reply (connect timeout + 4 node timeouts + 260 ms of pauses, with drift: about 1.46 s
+//! with the defaults), so the count settles at about rate x that.
 //!
 //! ```sh
 //! cargo run --release -p redlock-benches --bin server_cost -- [pairs] [rate] [seconds]

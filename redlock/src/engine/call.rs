@@ -72,9 +72,13 @@ impl NodeCall {
         });
         // Made before the future: a request dropped before its first poll settles too.
         let settle = SettleOnDrop::new(slot);
+        let connect_timeout = core.config.connect_timeout;
         async move {
             let _settle = settle;
             let started = telemetry::request_started();
+            // No send of this request goes out before: the tombstone an undo leaves is
+            // counted from here (see `resend_lost`).
+            let polled = crate::clock::now();
             if op == Op::CleanUp && !node.may_have_reached(since) {
                 // The attempt it cleans up is over and never left the client: no connection
                 // opened since. A send would only cost a connect that fails like the
@@ -89,7 +93,9 @@ impl NodeCall {
             let reply = match reply.await {
                 Some(reply) if reply.is_lost() && op.is_undo() => {
                     // Rare: boxed, so that every request's future stays small.
-                    Box::pin(undo_again(&node, &command, (timeout, by), reply, since)).await
+                    let replied_by = polled + timing::undo_replied_within(connect_timeout, timeout);
+                    let bounds = (timeout, by, replied_by);
+                    Box::pin(undo_again(&node, &command, bounds, reply, since)).await
                 }
                 reply => reply,
             };
@@ -142,7 +148,7 @@ where
 async fn undo_again(
     node: &Node,
     command: &Command,
-    (timeout, by): (Duration, Option<std::time::Instant>),
+    (timeout, by, replied_by): (Duration, Option<std::time::Instant>, std::time::Instant),
     first: Reply,
     since: u64,
 ) -> Option<Reply> {
@@ -151,13 +157,23 @@ async fn undo_again(
     }
     let reached = || node.may_have_reached(since);
     let send = || node.send(command, timeout, by, Connected::default());
-    resend_lost(first, reached, || tokio::time::timeout(timeout, send())).await
+    let resend = || tokio::time::timeout(timeout, send());
+    resend_lost(first, reached, (resend, timeout, replied_by)).await
 }
 
 /// [`undo_again`]'s pacing, with the node behind two seams: `reached` says whether what the
 /// undo undoes may have left the client, `send` sends it once more (`Err` when that try
-/// timed out).
-async fn resend_lost<S, F>(first: Reply, reached: impl Fn() -> bool, mut send: S) -> Option<Reply>
+/// timed out, after `timeout`).
+///
+/// Not sent again where its reply could come after `replied_by`: the undo's tombstone is
+/// only sure to live until then (see `Claim::undo_bounds`), and a send again that found it
+/// gone could not tell a hold its earlier send removed from one gone before. The natural
+/// pace ends well before; only a caller's runtime stalled between two sends gets there.
+async fn resend_lost<S, F>(
+    first: Reply,
+    reached: impl Fn() -> bool,
+    (mut send, timeout, replied_by): (S, Duration, std::time::Instant),
+) -> Option<Reply>
 where
     S: FnMut() -> F,
     F: Future<Output = Result<Reply, tokio::time::error::Elapsed>>,
@@ -168,6 +184,9 @@ where
             break;
         }
         tokio::time::sleep(pause).await;
+        if crate::clock::now() + timeout > replied_by {
+            break;
+        }
         reply = send().await.ok()?;
         if !reply.is_lost() {
             break;
@@ -246,7 +265,18 @@ mod tests {
 
     /// When each send of a lost undo went out, after the first, from the start of the test.
     async fn resends(replies: Vec<Option<Reply>>, reached: bool) -> (Option<Reply>, Vec<Duration>) {
+        let window = timing::undo_replied_within(Duration::from_secs(1), Duration::from_millis(50));
+        resends_within(replies, reached, window).await
+    }
+
+    /// [`resends`], with their replies read until `window` from the start of the test.
+    async fn resends_within(
+        replies: Vec<Option<Reply>>,
+        reached: bool,
+        window: Duration,
+    ) -> (Option<Reply>, Vec<Duration>) {
         let start = Instant::now();
+        let timeout = Duration::from_millis(50);
         let sent = Mutex::new(Vec::new());
         let replies = Mutex::new(replies.into_iter());
         let send = || {
@@ -255,14 +285,12 @@ mod tests {
             async move {
                 match reply {
                     Some(reply) => Ok(reply),
-                    None => {
-                        tokio::time::timeout(Duration::from_millis(50), std::future::pending())
-                            .await
-                    }
+                    None => tokio::time::timeout(timeout, std::future::pending()).await,
                 }
             }
         };
-        let reply = resend_lost(lost(), || reached, send).await;
+        let replied_by = crate::clock::now() + window;
+        let reply = resend_lost(lost(), || reached, (send, timeout, replied_by)).await;
         (reply, sent.into_inner().unwrap())
     }
 
@@ -278,6 +306,19 @@ mod tests {
         let (reply, sent) = resends(vec![Some(lost()), None, Some(answered())], true).await;
         assert_eq!(sent, [ms(10), ms(60)], "no more once a try timed out");
         assert!(reply.is_none(), "timed out");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_undo_is_not_sent_again_where_its_reply_could_outlive_its_tombstone() {
+        let ms = Duration::from_millis;
+        let lost_thrice = || vec![Some(lost()), Some(lost()), Some(lost())];
+        // The third send goes out at 260 ms, read by 310 ms: not with its tombstone sure to
+        // live only until 309 ms.
+        let (reply, sent) = resends_within(lost_thrice(), true, ms(309)).await;
+        assert_eq!(sent, [ms(10), ms(60)]);
+        assert!(reply.is_some_and(|reply| reply.is_lost()), "lost still: the round counts it");
+        let (_, sent) = resends_within(lost_thrice(), true, ms(310)).await;
+        assert_eq!(sent, [ms(10), ms(60), ms(260)]);
     }
 
     #[tokio::test(start_paused = true)]

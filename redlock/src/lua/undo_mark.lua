@@ -1,6 +1,7 @@
 -- Put first in every script that undoes a hold (releases, clean-ups). KEYS[#KEYS] is the
 -- token's tombstone, ARGV[#ARGV] how long it must live (in milliseconds): until the
--- token's last create is past its deadline and what it set has expired (create_guard.lua).
+-- token's last create is past its deadline (create_guard.lua), and the undo's sender has
+-- read its replies.
 -- Its value says whether the token's hold was removed here ('1'), by this send or an earlier
 -- send of the same undo, or was absent when the undo came ('0'): a re-sent release answers
 -- exactly.

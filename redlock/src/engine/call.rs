@@ -169,6 +169,9 @@ async fn undo_again(
 /// only sure to live until then (see `Claim::undo_bounds`), and a send again that found it
 /// gone could not tell a hold its earlier send removed from one gone before. The natural
 /// pace ends well before; only a caller's runtime stalled between two sends gets there.
+/// Nor is a reply read after `replied_by` taken (its send's timeout is not noticed while
+/// the caller's runtime is blocked, and the node may have run it late): the undo stays
+/// lost.
 async fn resend_lost<S, F>(
     first: Reply,
     reached: impl Fn() -> bool,
@@ -187,7 +190,15 @@ where
         if crate::clock::now() + timeout > replied_by {
             break;
         }
-        reply = send().await.ok()?;
+        let answer = send().await.ok()?;
+        if crate::clock::now() > replied_by {
+            // Read too late to be exact: the caller's runtime stalled while the node ran
+            // it, perhaps after the tombstone ended, and its timeout was not noticed in
+            // time. Not an answer (as if it timed out): the round counts the node as
+            // unreachable, the background sends it again.
+            break;
+        }
+        reply = answer;
         if !reply.is_lost() {
             break;
         }

@@ -28,6 +28,12 @@ local function undone(removed)
   if redis.call('PTTL', tombstone) < math.max(keep, 1) then
     local mark = '0'
     if removed or removed_before() then mark = '1' end
+    -- On a node over its maxmemory Redis refuses a script's first write that may grow
+    -- memory (OOM), not the ones after a write it ran: this DEL (which frees, and changes
+    -- nothing the SET does not) comes first, so that an undo that removed nothing still
+    -- leaves the tombstone that refuses its token's create arriving later. (A removal
+    -- wrote before: its SET is never refused.)
+    redis.call('DEL', tombstone)
     redis.call('SET', tombstone, mark, 'PX', ms)
   elseif removed then
     redis.call('SET', tombstone, '1', 'KEEPTTL')

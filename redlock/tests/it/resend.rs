@@ -601,3 +601,45 @@ async fn a_resent_read_acquisition_that_lands_twice_leaves_no_share_behind() {
         nodes.node(2).pttl("doc").unwrap()
     );
 }
+
+/// A release's first send runs on the node and its reply is lost; its send again goes out
+/// at once, but the node runs it only 3 s later (held by the proxy), and the caller's
+/// runtime is blocked meanwhile (a current-thread runtime busy in synchronous work), so
+/// that the request's node timeout is not noticed before its reply is there. By then the
+/// tombstone of the first send (which lives as long as the undo's own sends may be
+/// answered, about 2.5 s here) is gone, and the late send finds nothing: an answer read
+/// later than the tombstone is sure to live cannot say what the first send did. The
+/// release removed the hold and must not say `NotHeld`.
+#[tokio::test]
+async fn a_re_sent_release_whose_reply_is_read_after_its_tombstone_ended_does_not_say_not_held() {
+    let faulty = Arc::new(FaultyCluster::start(1).unwrap());
+    let rl = common::builder_for(faulty.urls(), Duration::from_millis(500))
+        .connect_timeout(Duration::from_millis(200))
+        .ttl(LEASE)
+        .build()
+        .unwrap();
+    common::warm(&rl).await;
+    let lock = rl.try_lock("late-answer").await.unwrap();
+    faulty.proxy(0).set_fault(drop_replies());
+    let proxy = faulty.clone();
+    let healer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(30));
+        proxy.proxy(0).hold_requests_containing(b"late-answer", Duration::from_secs(3));
+        proxy.proxy(0).heal();
+    });
+    // Blocks this runtime from 300 ms on, past the held send's run.
+    let blocker = tokio::spawn(async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        std::thread::sleep(Duration::from_millis(3500));
+    });
+    let result = lock.release().await;
+    healer.join().unwrap();
+    blocker.await.unwrap();
+    assert!(
+        faulty.cluster().node(0).get("late-answer").unwrap().is_none(),
+        "the premise: the release removed the hold"
+    );
+    if let Err(err) = result {
+        assert_ne!(err.kind(), ErrorKind::NotHeld, "{err}");
+    }
+}

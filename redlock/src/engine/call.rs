@@ -333,6 +333,24 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_reply_to_a_lost_undo_read_after_its_tombstone_may_have_ended_is_not_taken() {
+        let ms = Duration::from_millis;
+        // The send again at 10 ms answers after 40 ms, read at 50 ms: past a tombstone sure
+        // to live only until 49 ms (its timeout not yet due, as when the caller's runtime was
+        // blocked meanwhile).
+        let slow = || async {
+            tokio::time::sleep(Duration::from_millis(40)).await;
+            Ok(answered())
+        };
+        let replied_by = crate::clock::now() + ms(49);
+        let reply = resend_lost(lost(), || true, (slow, ms(39), replied_by)).await;
+        assert!(reply.is_some_and(|reply| reply.is_lost()), "not an answer: lost still");
+        let replied_by = crate::clock::now() + ms(50);
+        let reply = resend_lost(lost(), || true, (slow, ms(40), replied_by)).await;
+        assert!(reply.is_some_and(|reply| !reply.is_lost()), "read in time: the answer");
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_lost_undo_is_not_sent_again_where_nothing_it_undoes_left_the_client() {
         let (reply, sent) = resends(vec![Some(answered())], false).await;
         assert!(sent.is_empty());

@@ -73,7 +73,7 @@ where
         let tracked = core.undos.track_one(node, &keys, hold.as_ref(), &slot);
         let command = command.clone();
         // Sent again only after a connection opened: since any did.
-        let request = NodeCall { node, op, command, slot, since: 0 };
+        let request = NodeCall { node, op, command, slot, since: 0, at: crate::clock::now() };
         let call = request.send(&core, read.clone());
         async move {
             let answer = call.await;

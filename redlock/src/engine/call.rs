@@ -20,7 +20,7 @@
 use crate::timing;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::command::{Command, Resend};
 use crate::error::NodeOutcome;
@@ -41,12 +41,15 @@ pub(crate) struct NodeCall {
     /// The node's connection generation when the first request this call undoes was made
     /// (0: the client's start, when not known).
     pub(crate) since: u64,
+    /// When its round started (read once per round): no send of it goes out before, and
+    /// its bounds count from there.
+    pub(crate) at: Instant,
 }
 
 impl NodeCall {
     /// A read-only check of node `node`.
-    pub(crate) fn check(node: usize, command: Arc<Command>, slot: Slot) -> NodeCall {
-        NodeCall { node, op: Op::Check, command, slot, since: 0 }
+    pub(crate) fn check(node: usize, command: Arc<Command>, slot: Slot, at: Instant) -> NodeCall {
+        NodeCall { node, op: Op::Check, command, slot, since: 0, at }
     }
 
     /// The request as a future answering `(node, outcome)`; `read` says what the reply
@@ -59,26 +62,22 @@ impl NodeCall {
     where
         R: FnOnce(&Reply) -> Answer + Send + 'static,
     {
-        let Self { node: i, op, command, slot, since } = self;
+        let Self { node: i, op, command, slot, since, at } = self;
         let node = core.nodes[i].clone();
         let timeout = core.config.node_timeout;
         // The latest a create of this call may go out, whenever its future is polled (its
         // caller's runtime may sit idle or blocked with it in flight): what the claim's
         // horizon counts on (a connect timeout, then a node timeout for a send again on a
         // new connection). Past it the create is not sent, so it cannot outlive its undo.
-        // Only a create has one: no clock read for the others.
-        let by = command.is_bounded().then(|| {
-            crate::clock::now() + timing::sent_within(core.config.connect_timeout, timeout)
-        });
+        let by = command
+            .is_bounded()
+            .then(|| at + timing::sent_within(core.config.connect_timeout, timeout));
         // Made before the future: a request dropped before its first poll settles too.
         let settle = SettleOnDrop::new(slot);
         let connect_timeout = core.config.connect_timeout;
         async move {
             let _settle = settle;
             let started = telemetry::request_started();
-            // No send of this request goes out before: the tombstone an undo leaves is
-            // counted from here (see `resend_lost`).
-            let polled = crate::clock::now();
             if op == Op::CleanUp && !node.may_have_reached(since) {
                 // The attempt it cleans up is over and never left the client: no connection
                 // opened since. A send would only cost a connect that fails like the
@@ -93,7 +92,9 @@ impl NodeCall {
             let reply = match reply.await {
                 Some(reply) if reply.is_lost() && op.is_undo() => {
                     // Rare: boxed, so that every request's future stays small.
-                    let replied_by = polled + timing::undo_replied_within(connect_timeout, timeout);
+                    // No send of it went out before `at`: the tombstone any of them left
+                    // lives from later on (see `resend_lost`).
+                    let replied_by = at + timing::undo_replied_within(connect_timeout, timeout);
                     let bounds = (timeout, by, replied_by);
                     Box::pin(undo_again(&node, &command, bounds, reply, since)).await
                 }
@@ -148,7 +149,7 @@ where
 async fn undo_again(
     node: &Node,
     command: &Command,
-    (timeout, by, replied_by): (Duration, Option<std::time::Instant>, std::time::Instant),
+    (timeout, by, replied_by): (Duration, Option<Instant>, Instant),
     first: Reply,
     since: u64,
 ) -> Option<Reply> {
@@ -175,7 +176,7 @@ async fn undo_again(
 async fn resend_lost<S, F>(
     first: Reply,
     reached: impl Fn() -> bool,
-    (mut send, timeout, replied_by): (S, Duration, std::time::Instant),
+    (mut send, timeout, replied_by): (S, Duration, Instant),
 ) -> Option<Reply>
 where
     S: FnMut() -> F,

@@ -143,7 +143,7 @@ impl<P: Protocol> Claim<P> {
         let slots = Slots::new(n);
         let requests = round::Rest::new(
             &slots,
-            (0..n).map(|i| claim.request(&slots, i, Op::Acquire, &command)),
+            (0..n).map(|i| claim.request(&slots, i, (Op::Acquire, &command), started_at)),
         );
         // Unanswered requests go on in the background: a lock held on more nodes than the
         // bare quorum survives more failures.
@@ -209,13 +209,13 @@ impl<P: Protocol> Claim<P> {
         &self,
         slots: &Slots,
         i: usize,
-        op: Op,
-        command: &Arc<Command>,
+        (op, command): (Op, &Arc<Command>),
+        at: Instant,
     ) -> impl Future<Output = (usize, NodeOutcome)> + Send + 'static + use<P> {
         let proto = self.proto.clone();
         let command = command.clone();
         let since = self.generations[i];
-        let request = NodeCall { node: i, op, command, slot: slots.get(i), since };
+        let request = NodeCall { node: i, op, command, slot: slots.get(i), since, at };
         request.send(&self.core, move |reply| {
             if op == Op::Acquire {
                 proto.note_holder(i, reply);
@@ -248,13 +248,14 @@ impl<P: Protocol> Claim<P> {
         args.quiet = may_hold < quorum::quorum(round.outcomes.len());
         let command = Arc::new(self.proto.command(Op::CleanUp, &args));
         let slots = Slots::new(round.outcomes.len());
+        let at = clock::now();
         let mut requests = Vec::with_capacity(round.outcomes.len());
         let mut outcomes = round::Outcomes::with_capacity(round.outcomes.len());
         for (i, outcome) in round.outcomes.iter().enumerate() {
             match outcome {
                 outcome if refused(outcome) => outcomes.push(NodeOutcome::Absent),
                 _ => {
-                    requests.push(self.request(&slots, i, Op::CleanUp, &command));
+                    requests.push(self.request(&slots, i, (Op::CleanUp, &command), at));
                     outcomes.push(NodeOutcome::Pending);
                 }
             }
@@ -301,7 +302,7 @@ impl<P: Protocol> Claim<P> {
         let started_at = clock::now();
         self.reach.cover(started_at, ttl);
         let command = Arc::new(self.proto.command(Op::Extend, &Args::lease(ttl)));
-        let requests = self.everywhere(Op::Extend, &command);
+        let requests = self.everywhere(Op::Extend, &command, started_at);
         let (round, rest) =
             round::run(requests, started_at, quorum::settle_hold, &self.core.nodes).await;
         // Unanswered extensions heal nodes that answer late (a later release, wherever it
@@ -419,16 +420,16 @@ impl<P: Protocol> Claim<P> {
         let command = Arc::new(self.proto.command(Op::Check, &Args::lease(self.ttl)));
         let n = self.core.nodes.len();
         let slots = Slots::new(n);
+        let at = clock::now();
         let requests = round::Rest::new(
             &slots,
             (0..n).map(|i| {
                 let proto = self.proto.clone();
-                let request = NodeCall::check(i, command.clone(), slots.get(i));
+                let request = NodeCall::check(i, command.clone(), slots.get(i), at);
                 request.send(&self.core, move |reply| proto.answer(Op::Check, reply))
             }),
         );
-        let (round, rest) =
-            round::run(requests, clock::now(), quorum::settle_hold, &self.core.nodes).await;
+        let (round, rest) = round::run(requests, at, quorum::settle_hold, &self.core.nodes).await;
         round::finish(&self.core.tasks, rest);
         match round.settled {
             Settled::Reached => Ok(true),
@@ -450,10 +451,10 @@ impl<P: Protocol> Claim<P> {
         round::Rest<impl Future<Output = (usize, NodeOutcome)> + Send + 'static + use<P>>,
         Tracked,
     ) {
-        let requests = self.everywhere(op, command);
+        let at = clock::now();
+        let requests = self.everywhere(op, command, at);
         let tracked = self.track(&requests);
-        let (round, rest) =
-            round::run(requests, clock::now(), quorum::settle_hold, &self.core.nodes).await;
+        let (round, rest) = round::run(requests, at, quorum::settle_hold, &self.core.nodes).await;
         // Decided: the key is free on a quorum (or the hold is gone), so the next waiter's
         // attempt is not refused by this hold.
         if op == Op::Release {
@@ -491,15 +492,16 @@ impl<P: Protocol> Claim<P> {
         }
     }
 
-    /// `op` on every node.
+    /// `op` on every node, in a round started `at`.
     fn everywhere(
         &self,
         op: Op,
         command: &Arc<Command>,
+        at: Instant,
     ) -> round::Rest<impl Future<Output = (usize, NodeOutcome)> + Send + 'static + use<P>> {
         let n = self.core.nodes.len();
         let slots = Slots::new(n);
-        round::Rest::new(&slots, (0..n).map(|i| self.request(&slots, i, op, command)))
+        round::Rest::new(&slots, (0..n).map(|i| self.request(&slots, i, (op, command), at)))
     }
 
     /// Registers `undos`, a round on every node, so that this client's next acquisition of
@@ -563,10 +565,11 @@ impl<P: Protocol> Claim<P> {
     fn release_detached(&mut self) {
         let (args, until) = self.undo_args();
         let command = Arc::new(self.proto.command(Op::Release, &args));
-        let requests = self.everywhere(Op::Release, &command);
+        let at = clock::now();
+        let requests = self.everywhere(Op::Release, &command, at);
         let tracked = self.track(&requests);
         self.note_releasing();
-        let unsent = Round::none(self.core.nodes.len(), clock::now());
+        let unsent = Round::none(self.core.nodes.len(), at);
         let what = (Op::Release, &command);
         self.finish_undos(requests, &unsent, tracked, what, ("release", until), Place::Own);
     }

@@ -110,15 +110,16 @@ where
 {
     let command = Arc::new(command);
     let slots = Slots::new(core.nodes.len());
+    let at = crate::clock::now();
     let requests = round::Rest::new(
         &slots,
         (0..core.nodes.len()).map(|i| {
             // Quarantined nodes may have lost their counters: their answers do not count.
-            let request = NodeCall::check(i, command.clone(), slots.get(i));
+            let request = NodeCall::check(i, command.clone(), slots.get(i), at);
             request.send(core, read.clone())
         }),
     );
-    let (round, rest) = round::run(requests, crate::clock::now(), settle, &core.nodes).await;
+    let (round, rest) = round::run(requests, at, settle, &core.nodes).await;
     round::finish(&core.tasks, rest);
     round
 }

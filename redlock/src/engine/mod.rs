@@ -295,6 +295,7 @@ impl Drop for GiveUp<'_> {
         let nodes = std::mem::take(&mut self.nodes);
         let sent = (0..n).map(|i| nodes.contains(&i).then(|| slots.get(i))).collect();
         let tracked = core.undos.track(&self.keys, None, undo::Sent::Some(sent));
+        let at = crate::clock::now();
         let requests = round::Rest::new(
             &slots,
             nodes.iter().map(|&i| {
@@ -304,6 +305,7 @@ impl Drop for GiveUp<'_> {
                     command: command.clone(),
                     slot: slots.get(i),
                     since: self.generations[i],
+                    at,
                 };
                 request.send(core, protocol::script_answer)
             }),

@@ -225,11 +225,15 @@ async fn a_split_vote_is_told_apart_from_a_holder_of_a_quorum() {
     common::run(&cluster, 1, &["SET", "job", "owner-b", "PX", "10000"]);
     common::run(&cluster, 2, &["SET", "job", "owner-c", "PX", "10000"]);
     // The round is decided at the second refusal; a third answer that comes later than the
-    // round waits for (a loaded machine) leaves one holder unknown, which could be a
-    // quorum's: only an attempt whose refusals both came in can tell.
+    // round waits for (a loaded machine) leaves that node's holder unknown, which could
+    // make a quorum with either refusal: only an attempt that heard every node can tell.
+    let heard_all = |err: &redlock::Error| {
+        err.nodes().iter().filter_map(|n| n.holder()).count() == 2
+            && err.nodes().iter().all(|n| *n.outcome() != NodeOutcome::Pending)
+    };
     let mut err = rl.try_lock("job").await.unwrap_err();
     for _ in 0..20 {
-        if err.nodes().iter().filter_map(|n| n.holder()).count() == 2 {
+        if heard_all(&err) {
             break;
         }
         err = rl.try_lock("job").await.unwrap_err();

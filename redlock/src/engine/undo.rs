@@ -7,24 +7,22 @@
 //! the nodes whose undos are still in flight.
 
 use crate::timing;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-
-use smallvec::SmallVec;
 
 use super::protocol::{Abandoned, Keys};
 use super::slot::{Slot, Slots};
 
-/// Per key, the registrations of the undos that remove it: most often one, kept in place.
-type Entries = HashMap<Arc<str>, SmallVec<[Registration; 1]>>;
+/// Per key, the registrations of the undos that remove it, by id (the newest last): an
+/// acquisition reads the newest few, however many are in flight (thousands, while a node
+/// that is down keeps every release of a busy key waiting for its next send).
+type Entries = HashMap<Arc<str>, BTreeMap<u64, Registration>>;
 
 /// One round of undos, under each of its keys: per node, the undo sent there (if any).
 /// Settled slots are skipped by readers, so a registration may outlive some of its undos.
 #[derive(Debug)]
 struct Registration {
-    /// Which registration it is, for its removal.
-    id: u64,
     /// The hold they undo, if they undo one (a writer's withdrawal does not).
     hold: Option<Abandoned>,
     sent: Sent,
@@ -88,10 +86,10 @@ impl Undos {
         let mut entries = self.lock();
         if let Some((last, others)) = keys.split_last() {
             for key in others {
-                let registration = Registration { id, hold: hold.clone(), sent: sent.clone() };
-                entries.entry(key.clone()).or_default().push(registration);
+                let registration = Registration { hold: hold.clone(), sent: sent.clone() };
+                entries.entry(key.clone()).or_default().insert(id, registration);
             }
-            entries.entry(last.clone()).or_default().push(Registration { id, hold, sent });
+            entries.entry(last.clone()).or_default().insert(id, Registration { hold, sent });
         }
         self.registered.fetch_add(1, Ordering::AcqRel);
         Tracked { undos: self.clone(), id, keys: keys.clone() }
@@ -118,12 +116,27 @@ impl Undos {
         }
         let entries = self.lock();
         let mut holds: Vec<(u64, Abandoned)> = Vec::new();
-        for registration in keys.iter().filter_map(|key| entries.get(key)).flatten() {
-            let Some(hold) = &registration.hold else { continue };
-            let mut in_flight = false;
-            registration.sent.for_each(|_, slot| in_flight |= !slot.is_settled());
-            if in_flight && !holds.iter().any(|(_, known)| known.token == hold.token) {
-                holds.push((registration.id, hold.clone()));
+        for registrations in keys.iter().filter_map(|key| entries.get(key)) {
+            // Newest first: the first registration of a token met is its newest here, and
+            // past the bound's count of tokens new to this key, none is newer than those.
+            let mut found = 0;
+            for (&id, registration) in registrations.iter().rev() {
+                if found == timing::MAX_ABANDONED {
+                    break;
+                }
+                let Some(hold) = &registration.hold else { continue };
+                let mut in_flight = false;
+                registration.sent.for_each(|_, slot| in_flight |= !slot.is_settled());
+                if !in_flight {
+                    continue;
+                }
+                match holds.iter_mut().find(|(_, known)| known.token == hold.token) {
+                    Some((newest, _)) => *newest = (*newest).max(id),
+                    None => {
+                        holds.push((id, hold.clone()));
+                        found += 1;
+                    }
+                }
             }
         }
         holds.sort_unstable_by_key(|(id, _)| std::cmp::Reverse(*id));
@@ -146,7 +159,7 @@ impl Undos {
     /// Per node, whether an undo is still in flight there.
     pub(crate) fn in_flight(&self) -> Vec<bool> {
         let mut in_flight = vec![false; self.nodes()];
-        for registration in self.lock().values().flatten() {
+        for registration in self.lock().values().flat_map(BTreeMap::values) {
             registration.sent.for_each(|i, slot| in_flight[i] |= !slot.is_settled());
         }
         in_flight
@@ -175,10 +188,7 @@ impl Drop for Tracked {
         let mut entries = self.undos.lock();
         for key in &self.keys {
             if let Some(registrations) = entries.get_mut(key) {
-                let this = registrations.iter().position(|r| r.id == self.id);
-                if let Some(at) = this {
-                    registrations.swap_remove(at);
-                }
+                registrations.remove(&self.id);
                 if registrations.is_empty() {
                     entries.remove(key);
                 }
@@ -267,5 +277,30 @@ mod tests {
         let left: Vec<Abandoned> = (0..10).rev().map(|i| token(&format!("t{i}"))).collect();
         assert_eq!(undos.abandoned(&key), left);
         drop(tracked);
+    }
+
+    /// Thousands in flight on one key (a node that is down keeps every release of a busy
+    /// key waiting for its next send): a token registered again later (its undo sent again)
+    /// counts as new as its newest registration, and each token is named once.
+    #[test]
+    fn a_token_registered_again_counts_as_its_newest_registration() {
+        let undos = Undos::new(1);
+        let key = keys(&["doc"]);
+        let slot = Slot::new();
+        let old = undos.track_one(0, &key, Some(&token("again")), &slot);
+        let others: Vec<Tracked> = (0..5000)
+            .map(|i| undos.track_one(0, &key, Some(&token(&format!("t{i}"))), &slot))
+            .collect();
+        let again = undos.track_one(0, &key, Some(&token("again")), &slot);
+        let mut newest = vec![token("again")];
+        newest.extend((4985..5000).rev().map(|i| token(&format!("t{i}"))));
+        assert_eq!(undos.abandoned(&key), newest);
+        drop(again);
+        // Its older registration is still in flight: as old as that one now.
+        let abandoned = undos.abandoned(&key);
+        assert!(!abandoned.contains(&token("again")), "{abandoned:?}");
+        assert_eq!(abandoned.len(), timing::MAX_ABANDONED);
+        drop((old, others));
+        assert!(undos.lock().is_empty());
     }
 }

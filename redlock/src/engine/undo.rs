@@ -7,25 +7,39 @@
 //! the nodes whose undos are still in flight.
 
 use crate::timing;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use smallvec::SmallVec;
 
 use super::protocol::{Abandoned, Keys};
 use super::slot::{Slot, Slots};
 
-/// Per key, the registrations of the undos that remove it, by id (the newest last): an
-/// acquisition reads the newest few, however many are in flight (thousands, while a node
-/// that is down keeps every release of a busy key waiting for its next send).
-type Entries = HashMap<Arc<str>, BTreeMap<u64, Registration>>;
+/// Per key, the registrations of the undos that remove it, in the order of their ids (the
+/// newest last; most often one, kept in place): an acquisition reads the newest few,
+/// however many are in flight (thousands, while a node that is down keeps every release of
+/// a busy key waiting for its next send).
+type Entries = HashMap<Arc<str>, SmallVec<[Registration; 1]>>;
 
 /// One round of undos, under each of its keys: per node, the undo sent there (if any).
 /// Settled slots are skipped by readers, so a registration may outlive some of its undos.
 #[derive(Debug)]
 struct Registration {
+    /// Which registration it is: its place, and its removal.
+    id: u64,
     /// The hold they undo, if they undo one (a writer's withdrawal does not).
     hold: Option<Abandoned>,
     sent: Sent,
+}
+
+/// Adds `registration` to `registrations` at its place by id (almost always the end: ids
+/// are taken just before the lock), once under each key however often a round names it.
+fn insert(registrations: &mut SmallVec<[Registration; 1]>, registration: Registration) {
+    match registrations.binary_search_by_key(&registration.id, |r| r.id) {
+        Ok(_) => {}
+        Err(at) => registrations.insert(at, registration),
+    }
 }
 
 /// Per node, the undo of a round sent there, if any.
@@ -86,10 +100,10 @@ impl Undos {
         let mut entries = self.lock();
         if let Some((last, others)) = keys.split_last() {
             for key in others {
-                let registration = Registration { hold: hold.clone(), sent: sent.clone() };
-                entries.entry(key.clone()).or_default().insert(id, registration);
+                let registration = Registration { id, hold: hold.clone(), sent: sent.clone() };
+                insert(entries.entry(key.clone()).or_default(), registration);
             }
-            entries.entry(last.clone()).or_default().insert(id, Registration { hold, sent });
+            insert(entries.entry(last.clone()).or_default(), Registration { id, hold, sent });
         }
         self.registered.fetch_add(1, Ordering::AcqRel);
         Tracked { undos: self.clone(), id, keys: keys.clone() }
@@ -120,7 +134,8 @@ impl Undos {
             // Newest first: the first registration of a token met is its newest here, and
             // past the bound's count of tokens new to this key, none is newer than those.
             let mut found = 0;
-            for (&id, registration) in registrations.iter().rev() {
+            for registration in registrations.iter().rev() {
+                let id = registration.id;
                 if found == timing::MAX_ABANDONED {
                     break;
                 }
@@ -159,7 +174,7 @@ impl Undos {
     /// Per node, whether an undo is still in flight there.
     pub(crate) fn in_flight(&self) -> Vec<bool> {
         let mut in_flight = vec![false; self.nodes()];
-        for registration in self.lock().values().flat_map(BTreeMap::values) {
+        for registration in self.lock().values().flatten() {
             registration.sent.for_each(|i, slot| in_flight[i] |= !slot.is_settled());
         }
         in_flight
@@ -188,7 +203,9 @@ impl Drop for Tracked {
         let mut entries = self.undos.lock();
         for key in &self.keys {
             if let Some(registrations) = entries.get_mut(key) {
-                registrations.remove(&self.id);
+                if let Ok(at) = registrations.binary_search_by_key(&self.id, |r| r.id) {
+                    registrations.remove(at);
+                }
                 if registrations.is_empty() {
                     entries.remove(key);
                 }

@@ -54,6 +54,18 @@ pub(crate) enum Failure {
     Server { code: Arc<str>, message: Arc<str> },
 }
 
+/// The error replies with which a node says it ran nothing, for now: it is loading its
+/// data after a restart (`LOADING`), a script or module command is running past the busy
+/// threshold (`BUSY`), or it is a replica cut off from its master (`MASTERDOWN`). Such a
+/// node, restarted with the key on disk, keeps it for its lease unless the undo comes again.
+const PUT_OFF: [&str; 3] = ["LOADING", "BUSY", "MASTERDOWN"];
+
+/// Whether `message`, a [`Failure::Server`]'s (as [`Failure::outcome`] passes it on: the
+/// code first, as [`Failure::from_redis`] writes it), is one of [`PUT_OFF`].
+pub(crate) fn is_put_off(message: &str) -> bool {
+    message.split(' ').next().is_some_and(|code| PUT_OFF.contains(&code))
+}
+
 /// Why a connect failed when it panicked: Tokio panics when a runtime without I/O opens a
 /// socket, and nothing else in a connect does.
 const NO_IO: &str = "the connect panicked: a runtime without I/O (built without `enable_io`)";

@@ -131,9 +131,3 @@ pub(crate) fn undo_replied_within(connect_timeout: Duration, node_timeout: Durat
     let again: Duration = UNDO_AGAIN.iter().map(|pause| *pause + node_timeout).sum();
     connect_timeout + node_timeout + again
 }
-
-/// `span` of the client's clock as a node's clock may count it: longer by [`CLOCK_DRIFT`]
-/// and by Redis's expiry precision.
-pub(crate) fn with_drift(span: Duration) -> Duration {
-    span + span.mul_f64(CLOCK_DRIFT) + EXPIRY_PRECISION
-}

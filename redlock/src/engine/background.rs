@@ -270,22 +270,14 @@ impl<M: Remake> Undos<M> {
 /// Whether an undo failed for a reason that may pass: it timed out (the node may be hung,
 /// with what it undoes still to run), could not reach its node (a reset, a node down that
 /// may come back with its data), or the node said it could not run it yet (see
-/// [`PASSING`]). Not a refusal, nor an answer: sending it again changes nothing.
+/// [`crate::node::is_put_off`]). Not a refusal, nor an answer: sending it again changes nothing.
 pub(crate) fn may_pass(outcome: &NodeOutcome) -> bool {
     match outcome {
         NodeOutcome::TimedOut | NodeOutcome::Unreachable(_) => true,
-        NodeOutcome::Failed(message) => {
-            message.split(' ').next().is_some_and(|code| PASSING.contains(&code))
-        }
+        NodeOutcome::Failed(message) => crate::node::is_put_off(message),
         _ => false,
     }
 }
-
-/// The error replies with which a node says it ran nothing, for now: it is loading its
-/// data after a restart (`LOADING`), a script or module command is running past the busy
-/// threshold (`BUSY`), or it is a replica cut off from its master (`MASTERDOWN`). Such a
-/// node, restarted with the key on disk, keeps it for its lease unless the undo comes again.
-const PASSING: [&str; 3] = ["LOADING", "BUSY", "MASTERDOWN"];
 
 /// Counts and logs an undo that failed for good, where what it undoes may have reached the
 /// node: where no connection opened since that was made, nothing is there to undo.

@@ -64,17 +64,14 @@ impl NodeCall {
     {
         let Self { node: i, op, command, slot, since, at } = self;
         let node = core.nodes[i].clone();
-        let timeout = core.config.node_timeout;
+        let (connect_timeout, timeout) = (core.config.connect_timeout, core.config.node_timeout);
         // The latest a create of this call may go out, whenever its future is polled (its
         // caller's runtime may sit idle or blocked with it in flight): what the claim's
         // horizon counts on (a connect timeout, then a node timeout for a send again on a
         // new connection). Past it the create is not sent, so it cannot outlive its undo.
-        let by = command
-            .is_bounded()
-            .then(|| at + timing::sent_within(core.config.connect_timeout, timeout));
+        let by = command.is_bounded().then(|| at + timing::sent_within(connect_timeout, timeout));
         // Made before the future: a request dropped before its first poll settles too.
         let settle = SettleOnDrop::new(slot);
-        let connect_timeout = core.config.connect_timeout;
         async move {
             let _settle = settle;
             let started = telemetry::request_started();

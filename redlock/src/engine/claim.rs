@@ -234,7 +234,8 @@ impl<P: Protocol> Claim<P> {
                 NodeOutcome::Held | NodeOutcome::WriterWaiting | NodeOutcome::WrongType
             )
         };
-        let (mut args, until) = self.undo_args();
+        let at = clock::now();
+        let (mut args, until) = self.undo_args(at);
         // Short of a quorum even where its answer is unknown, the attempt never held the
         // key: its clean-up frees no quorum and tells no waiter. A node the attempt never
         // reached (down: no connection opened since it started) holds nothing of it, or
@@ -248,7 +249,6 @@ impl<P: Protocol> Claim<P> {
         args.quiet = may_hold < quorum::quorum(round.outcomes.len());
         let command = Arc::new(self.proto.command(Op::CleanUp, &args));
         let slots = Slots::new(round.outcomes.len());
-        let at = clock::now();
         let mut requests = Vec::with_capacity(round.outcomes.len());
         let mut outcomes = round::Outcomes::with_capacity(round.outcomes.len());
         for (i, outcome) in round.outcomes.iter().enumerate() {
@@ -389,9 +389,10 @@ impl<P: Protocol> Claim<P> {
 
     async fn release_round(mut self) -> Result<()> {
         let was_valid = self.is_valid();
-        let (args, until) = self.undo_args();
+        let at = clock::now();
+        let (args, until) = self.undo_args(at);
         let command = Arc::new(self.proto.command(Op::Release, &args));
-        let (round, rest, tracked) = self.undo_round(Op::Release, &command).await;
+        let (round, rest, tracked) = self.undo_round(Op::Release, &command, at).await;
         let what = (Op::Release, &command);
         self.finish_undos(rest, &round, tracked, what, ("release", until), Place::Caller);
         // Only now: if this future is dropped mid-round, Drop releases again (every
@@ -441,17 +442,17 @@ impl<P: Protocol> Claim<P> {
         }
     }
 
-    /// One undo round over every node, decided at the quorum.
+    /// One undo round over every node, started `at`, decided at the quorum.
     async fn undo_round(
         &mut self,
         op: Op,
         command: &Arc<Command>,
+        at: Instant,
     ) -> (
         Round,
         round::Rest<impl Future<Output = (usize, NodeOutcome)> + Send + 'static + use<P>>,
         Tracked,
     ) {
-        let at = clock::now();
         let requests = self.everywhere(op, command, at);
         let tracked = self.track(&requests);
         let (round, rest) = round::run(requests, at, quorum::settle_hold, &self.core.nodes).await;
@@ -563,9 +564,9 @@ impl<P: Protocol> Claim<P> {
     /// only at its next call, and a multi-thread runtime only once a worker is free (the
     /// key would stay meanwhile, up to its lease).
     fn release_detached(&mut self) {
-        let (args, until) = self.undo_args();
-        let command = Arc::new(self.proto.command(Op::Release, &args));
         let at = clock::now();
+        let (args, until) = self.undo_args(at);
+        let command = Arc::new(self.proto.command(Op::Release, &args));
         let requests = self.everywhere(Op::Release, &command, at);
         let tracked = self.track(&requests);
         self.note_releasing();
@@ -582,13 +583,13 @@ impl<P: Protocol> Claim<P> {
     /// a create past its deadline, its clock's error aside; and what it set lives its
     /// lease, longer by the drift allowance if the node's clock runs slow.
     ///
-    /// With it, the end of the tombstone an undo sent now leaves (see [`tombstone_until`]).
-    fn undo_bounds(&self) -> (Instant, Instant) {
+    /// With it, the end of the tombstone an undo whose round starts `now` leaves (see
+    /// [`tombstone_until`]).
+    fn undo_bounds(&self, now: Instant) -> (Instant, Instant) {
         let config = &self.core.config;
         let timeouts = (config.connect_timeout, config.node_timeout);
         // A create of the claim still on its way (an attempt's straggler) is stamped by
         // then at the latest, with the reading in use aged that much more.
-        let now = clock::now();
         let stamped_by = now + timing::stamped_within(timeouts.0, timeouts.1);
         let late_by = (self.core.nodes.iter())
             .map(|node| node.late_by(self.since, stamped_by))
@@ -605,9 +606,12 @@ impl<P: Protocol> Claim<P> {
     /// [`tombstone_until`]. With the horizon: the undo is sent again until then at most (it
     /// already counts the creates still on their way, stamped at the latest: see
     /// [`Claim::undo_bounds`]).
-    fn undo_args(&self) -> (Args<'static>, Instant) {
-        let (horizon, tombstone) = self.undo_bounds();
-        let keep = Keep::new(tombstone.saturating_duration_since(clock::now()));
+    ///
+    /// `now`: when the undo's round starts (its requests' `at`), which the tombstone's
+    /// lifetime counts from.
+    fn undo_args(&self, now: Instant) -> (Args<'static>, Instant) {
+        let (horizon, tombstone) = self.undo_bounds(now);
+        let keep = Keep::new(tombstone.saturating_duration_since(now));
         (Args { ttl: self.ttl, keep, abandoned: &[], quiet: false }, horizon)
     }
 
@@ -751,12 +755,13 @@ fn tombstone_until(
     let (connect_timeout, node_timeout) = timeouts;
     let creates = if dated {
         let refused_after = timing::stamped_within(connect_timeout, node_timeout) + late_by;
-        reach.last_sent + timing::with_drift(refused_after)
+        reach.last_sent + refused_after + quorum::drift(refused_after, timing::CLOCK_DRIFT)
     } else {
         horizon(reach, timeouts, late_by)
     };
     let replied_within = timing::undo_replied_within(connect_timeout, node_timeout);
-    creates.max(now + timing::with_drift(replied_within))
+    let drift = quorum::drift(replied_within, timing::CLOCK_DRIFT);
+    creates.max(now + replied_within + drift)
 }
 
 /// [`Claim::undo_bounds`] of a hold whose creates and renewals may set keys living as long as

@@ -168,6 +168,13 @@ pub fn requests_ended(url: &str, op: &str) -> usize {
         .count()
 }
 
+/// The lines of [`logs`] that name the node behind `url`: context for a failed assertion.
+pub fn log_lines_of(url: &str) -> String {
+    let node = url.trim_start_matches("redis://");
+    let log = String::from_utf8_lossy(&logs().lock().unwrap()).into_owned();
+    log.lines().filter(|line| line.contains(node)).collect::<Vec<_>>().join("\n")
+}
+
 /// Runs `fut` on a short-lived current-thread runtime of its own thread, which ends (and
 /// drops whatever it still runs) as soon as `fut` is over.
 pub fn on_short_runtime<T: Send + 'static>(

@@ -3,9 +3,10 @@
 //!
 //! Part 1, server time: `pairs` lock+release pairs one after the other on 5 local nodes
 //! (or `REDLOCK_NODES`), for each implementation; the servers' `INFO commandstats`
-//! (microseconds spent in commands, scripts included) and `INFO cpu` (the process's own
-//! CPU, its event loop included) are reset before and read after, summed over the nodes,
-//! and divided by the pairs.
+//! (microseconds spent in scripts, which includes the commands they call, and in every other
+//! command, those called by scripts included; and each command's calls) and `INFO cpu` (the
+//! process's own CPU, its event loop included) are reset before and read after, summed over
+//! the nodes, and divided by the pairs.
 //!
 //! Part 2, tombstones: ours at a sustained rate (5,000 lock+release a second on distinct
 //! keys by default) for `seconds`; every second, the tombstones (keys with `:undone:` in
@@ -44,18 +45,33 @@ fn field(info: &str, name: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// Microseconds spent in commands, over every command of the node.
-fn command_usec(info: &str) -> f64 {
-    info.lines()
-        .filter(|line| line.starts_with("cmdstat_"))
-        .filter_map(|line| line.split(',').find_map(|part| part.strip_prefix("usec=")))
-        .filter_map(|usec| usec.parse::<f64>().ok())
-        .sum()
+/// Each command's calls and microseconds, from an `INFO commandstats` reply, added to
+/// `totals`. A script's time includes the commands it calls, which count as their own too.
+fn add_command_stats(info: &str, totals: &mut Vec<(String, f64, f64)>) {
+    for line in info.lines().filter_map(|line| line.strip_prefix("cmdstat_")) {
+        let Some((name, stats)) = line.split_once(':') else { continue };
+        let number = |field: &str| {
+            stats.split(',').find_map(|part| part.strip_prefix(field)?.parse::<f64>().ok())
+        };
+        let (Some(calls), Some(usec)) = (number("calls="), number("usec=")) else { continue };
+        match totals.iter_mut().find(|(known, _, _)| known == name) {
+            Some(total) => {
+                total.1 += calls;
+                total.2 += usec;
+            }
+            None => totals.push((name.to_owned(), calls, usec)),
+        }
+    }
 }
 
-fn cpu_secs(url: &str) -> f64 {
+/// The node process's CPU time, in the kernel and in user space.
+fn cpu_secs(url: &str) -> (f64, f64) {
     let cpu = info(url, "cpu");
-    field(&cpu, "used_cpu_sys") + field(&cpu, "used_cpu_user")
+    (field(&cpu, "used_cpu_sys"), field(&cpu, "used_cpu_user"))
+}
+
+fn cpu_total(urls: &[String]) -> (f64, f64) {
+    urls.iter().map(|url| cpu_secs(url)).fold((0.0, 0.0), |(s, u), (ds, du)| (s + ds, u + du))
 }
 
 fn tombstones(url: &str) -> usize {
@@ -77,25 +93,43 @@ fn main() {
     let settings = Settings::default();
     println!("{}", redlock_benches::machine_line(&urls[0]));
     println!("server time per lock+release, {pairs} pairs, {} nodes:", urls.len());
-    println!("{:<6} {:>16} {:>18}", "impl", "commands (µs)", "process CPU (µs)");
+    // Scripts' time includes the commands they call; "other commands" counts those too.
+    println!(
+        "{:<6} {:>16} {:>16} {:>18} {:>10} {:>10}",
+        "impl", "scripts (µs)", "other cmds (µs)", "process CPU (µs)", "sys", "user"
+    );
     for imp in [Impl::Floor, Impl::Ours] {
         let client = runtime.block_on(Client::connect(imp, &urls, settings)).expect("connect");
         urls.iter().for_each(|url| reset(url));
-        let cpu_before: f64 = urls.iter().map(|url| cpu_secs(url)).sum();
+        let cpu_before = cpu_total(&urls);
         runtime.block_on(async {
             for i in 0..pairs {
                 client.lock_release(&format!("cost:{imp}:{i}")).await.expect("lock+release");
             }
         });
-        let usec: f64 = urls.iter().map(|url| command_usec(&info(url, "commandstats"))).sum();
-        let cpu_after: f64 = urls.iter().map(|url| cpu_secs(url)).sum();
+        let cpu_after = cpu_total(&urls);
+        let mut commands = Vec::new();
+        for url in &urls {
+            add_command_stats(&info(url, "commandstats"), &mut commands);
+        }
         let per = |total: f64| total / pairs as f64;
+        let scripts: f64 =
+            commands.iter().filter(|(name, ..)| name.starts_with("eval")).map(|c| c.2).sum();
+        let others: f64 =
+            commands.iter().filter(|(name, ..)| !name.starts_with("eval")).map(|c| c.2).sum();
+        let (sys, user) = ((cpu_after.0 - cpu_before.0) * 1e6, (cpu_after.1 - cpu_before.1) * 1e6);
         println!(
-            "{:<6} {:>16.1} {:>18.1}",
+            "{:<6} {:>16.1} {:>16.1} {:>18.1} {:>10.1} {:>10.1}",
             imp.name(),
-            per(usec),
-            per((cpu_after - cpu_before) * 1e6)
+            per(scripts),
+            per(others),
+            per(sys + user),
+            per(sys),
+            per(user)
         );
+        for (name, calls, usec) in &commands {
+            println!("         {name:<14} {:>5.2} calls {:>7.1} µs", per(*calls), per(*usec));
+        }
     }
 
     println!("tombstones at {rate} lock+release/s for {seconds} s (node 0):");

@@ -57,12 +57,15 @@ impl Intent {
         let ms = gap.clamp(timing::MIN_INTENT, MAX_TTL).as_millis();
         let field = format!("i:{}", token::generate()).into();
         // An attempt goes out within a connect timeout, is stamped at most two node
-        // timeouts later (with a re-send), plus its clock's error: as for a hold's horizon
-        // while a node's clock is unread (`Node::late_by`), a second, or the connect
-        // timeout if longer, since a first reading may take that long.
+        // timeouts later (with a re-send), and its deadline is in the node's clock as the
+        // client estimates it, plus that estimate's error: so up to twice the error past
+        // the real time, with the error as for a hold's horizon while a node's clock is
+        // unread (`Node::late_by`), a second, or the connect timeout if longer, since a
+        // first reading may take that long. The node's clock may drift over the span.
         let clock_error = timing::UNREAD_CLOCK_ERROR.max(config.connect_timeout);
-        let withdrawn = timing::stamped_within(config.connect_timeout, config.node_timeout)
-            .saturating_add(clock_error);
+        let span = timing::stamped_within(config.connect_timeout, config.node_timeout)
+            .saturating_add(clock_error.saturating_mul(2));
+        let withdrawn = span.saturating_add(crate::quorum::drift(span, timing::CLOCK_DRIFT));
         Self {
             field,
             ms: u64::try_from(ms).unwrap_or(u64::MAX),
@@ -277,10 +280,11 @@ mod tests {
         assert_eq!(intent.ms, 50, "never shorter than MIN_INTENT");
         let slow = Retry::new().with_delay(Duration::from_secs(1)).with_jitter(Duration::ZERO);
         assert_eq!(Intent::new(&config, &slow).ms, 2_020, "2 x 1 s + 4 x 5 ms");
-        // A connect timeout (1 s), two node timeouts and an unread clock's error (1 s).
-        assert_eq!(intent.withdrawn_ms, 1_000 + 10 + 1_000);
+        // A connect timeout (1 s), two node timeouts and twice an unread clock's error
+        // (1 s), with drift (0.1% and the expiry's 2 ms).
+        assert_eq!(intent.withdrawn_ms, 3_010 + 3 + 2);
         // A connect timeout longer than a second bounds a first reading's error instead.
         config.connect_timeout = Duration::from_secs(4);
-        assert_eq!(Intent::new(&config, &eager).withdrawn_ms, 4_000 + 10 + 4_000);
+        assert_eq!(Intent::new(&config, &eager).withdrawn_ms, 12_010 + 12 + 2);
     }
 }

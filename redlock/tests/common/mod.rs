@@ -71,6 +71,23 @@ pub async fn eventually(within: Duration, mut check: impl FnMut() -> bool) -> bo
     }
 }
 
+/// Staging: waits (up to 2 s) until each of `nodes` holds `key` with `token`, and panics if
+/// one does not. A round is decided by its quorum, so right after an acquisition the other
+/// nodes' requests may still be on their way (on a loaded machine, behind a first connect,
+/// or failed with it): a test that then faults a node, or counts what it holds, needs that
+/// node to have answered.
+pub async fn held_on(cluster: &Cluster, key: &str, token: &str, nodes: &[usize]) {
+    let held = || {
+        let holding = cluster.nodes_holding(key, token);
+        nodes.iter().all(|i| holding.contains(i))
+    };
+    assert!(
+        eventually(Duration::from_secs(2), held).await,
+        "staging: {key} ({token}) is held on {:?}, not on every node of {nodes:?}",
+        cluster.nodes_holding(key, token)
+    );
+}
+
 /// How many pub/sub subscribers each node has for the release channel of `key`.
 pub fn subscribers(cluster: &Cluster, key: &str) -> Vec<i64> {
     let channel = format!("redlock:released:{key}");

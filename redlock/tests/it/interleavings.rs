@@ -749,6 +749,10 @@ async fn a_stale_multi_guard_never_touches_an_overlapping_newer_set() {
     let mut stale = a.many(&["x", "y"]).ttl(Duration::from_millis(300)).await.unwrap();
     assert!(common::eventually(Duration::from_secs(2), || cluster.count_key("y") == 0).await);
     let fresh = b.many(&["y", "z"]).await.unwrap();
+    // Staging: every node answered the fresh set (a round is decided by the first two
+    // nodes), before the stale guard's calls.
+    common::held_on(&cluster, "y", fresh.token(), &[0, 1, 2]).await;
+    common::held_on(&cluster, "z", fresh.token(), &[0, 1, 2]).await;
     let err = stale.extend(Duration::from_secs(10)).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotHeld);
     assert_eq!(stale.release().await.unwrap_err().kind(), ErrorKind::NotHeld);

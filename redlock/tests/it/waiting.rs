@@ -937,6 +937,10 @@ async fn a_release_reaching_its_second_node_after_many_clean_ups_wakes_the_waite
     let mut faulty = FaultyCluster::start(3).unwrap();
     let holder = common::builder_for(faulty.urls(), Duration::from_secs(2)).build().unwrap();
     let lock = holder.try_lock("k").await.unwrap();
+    // Staging: every node answered (a round is decided by the first two): the release
+    // needs nodes 0 and 1 once node 2 is killed, and a waiter's attempt must not take a
+    // node ahead of the holder's acquisition there.
+    common::held_on(faulty.cluster(), "k", lock.token(), &[0, 1, 2]).await;
     let waiter = Redlock::builder()
         .nodes(faulty.urls())
         .node_timeout(Duration::from_millis(200))

@@ -91,7 +91,7 @@ async fn every_kinds_release_after_the_nodes_closed_its_connections_reports_a_lo
 }
 
 // Nodes restarted with their AOF between the acquisition and the release (the
-// cached connections are dead, their drivers saw it): the release reaches every node at
+// cached connections are dead, their drivers saw it): the release goes to every node at
 // once and says Ok; with the lock force-released and taken meanwhile, NotHeld.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_after_restarts_with_aof_removes_the_key_or_reports_a_lock_taken_meanwhile() {
@@ -115,7 +115,10 @@ async fn a_release_after_restarts_with_aof_removes_the_key_or_reports_a_lock_tak
     assert_eq!(other.force_release("taken").await.unwrap(), 3);
     other.try_lock("taken").await.unwrap().release().await.unwrap();
     kept.release().await.unwrap();
-    assert_eq!(cluster.count_key("kept"), 0);
+    // The release went to every node at once; it said Ok at two of three, so the third
+    // may still be running it.
+    let gone = || cluster.count_key("kept") == 0;
+    assert!(common::eventually(Duration::from_millis(500), gone).await, "kept stays");
     assert_eq!(kind(&taken.release().await), Err(ErrorKind::NotHeld));
 }
 

@@ -39,7 +39,7 @@ async fn the_locking_rules_are_enough_for_every_kind() {
     outer.extend(Duration::from_secs(10)).await.unwrap();
     outer.release().await.unwrap();
     let mut many = rl.many(&["a", "b"]).await.unwrap();
-    many.extend(Duration::from_secs(10)).await.unwrap();
+    many.extend(Duration::from_secs(20)).await.unwrap();
     many.release().await.unwrap();
     let mut read = rl.read("rw").await.unwrap();
     read.extend(Duration::from_secs(10)).await.unwrap();
@@ -312,13 +312,15 @@ async fn workload(rl: &Redlock, other: &Redlock, cluster: &Cluster) -> Result<()
         node.command(&["SCRIPT", "FLUSH"]).unwrap();
     }
     let mut lock = rl.try_lock("plain").await.map_err(e("lock"))?;
-    lock.extend(Duration::from_secs(10)).await.map_err(e("extend"))?;
+    // Longer than the 10 s lease: an extension to what is left already (the same
+    // millisecond) changes nothing on a node, and would not show that `+pexpire` is needed.
+    lock.extend(Duration::from_secs(20)).await.map_err(e("extend"))?;
     lock.release().await.map_err(e("release"))?;
     let mut hold = rl.reentrant("reentrant", "job").once().await.map_err(e("reentrant"))?;
-    hold.extend(Duration::from_secs(10)).await.map_err(e("reentrant extend"))?;
+    hold.extend(Duration::from_secs(20)).await.map_err(e("reentrant extend"))?;
     hold.release().await.map_err(e("reentrant release"))?;
     let mut many = rl.many(&["a", "b"]).once().await.map_err(e("many"))?;
-    many.extend(Duration::from_secs(10)).await.map_err(e("many extend"))?;
+    many.extend(Duration::from_secs(20)).await.map_err(e("many extend"))?;
     many.release().await.map_err(e("many release"))?;
     let read = rl.read("rw").once().await.map_err(e("read"))?;
     let intent = rl.write("rw").retry(Retry::new().with_max_attempts(2)).await;

@@ -41,7 +41,7 @@ async fn release_with_a_locally_expired_lease_still_removes_our_keys_but_says_so
     assert!(!lock.is_valid());
     let err = lock.release().await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
-    assert_eq!(cluster.count_key("k"), 0);
+    common::gone_everywhere(&cluster, &["k"], "our keys removed").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -71,6 +71,26 @@ pub async fn eventually(within: Duration, mut check: impl FnMut() -> bool) -> bo
     }
 }
 
+/// Waits (up to 2 s) until no live node has any of `keys`, and panics with `what` and
+/// what is left otherwise. A release (extend, forced release, dropped guard, shutdown) says
+/// Ok once its quorum answered: the other nodes may still be running it when it returns,
+/// so "removed everywhere" is read once they had time to answer, not right after the call.
+pub async fn gone_everywhere(cluster: &Cluster, keys: &[&str], what: &str) {
+    let left = || keys.iter().map(|key| cluster.count_key(key)).sum::<usize>();
+    if !eventually(Duration::from_secs(2), || left() == 0).await {
+        panic!("{what}: {} left of {keys:?}", left());
+    }
+}
+
+/// [`gone_everywhere`] for every key matching `pattern`, tombstones aside (see
+/// `Cluster::keys_everywhere`).
+pub async fn none_match_everywhere(cluster: &Cluster, pattern: &str, what: &str) {
+    let left = || cluster.keys_everywhere(pattern).unwrap();
+    if !eventually(Duration::from_secs(2), || left() == 0).await {
+        panic!("{what}: {} keys left matching {pattern}", left());
+    }
+}
+
 /// Staging: waits (up to 2 s) until each of `nodes` holds `key` with `token`, and panics if
 /// one does not. A round is decided by its quorum, so right after an acquisition the other
 /// nodes' requests may still be on their way (on a loaded machine, behind a first connect,

@@ -140,7 +140,7 @@ async fn multi_lost_to_an_overlapping_set_spares_that_set() {
     theirs.release().await.unwrap();
     assert!(ours.check_held().await.is_ok_and(|held| !held));
     ours.release().await.unwrap_err();
-    assert_eq!(cluster.count_key("a") + cluster.count_key("b") + cluster.count_key("c"), 0);
+    common::gone_everywhere(&cluster, &["a", "b", "c"], "every hold released").await;
 }
 
 /// Two holds of one owner: the first's field vanished on a majority. Its loss removes its
@@ -180,7 +180,7 @@ async fn reentrant_lost_hold_spares_the_owners_other_hold() {
     assert!(!first.check_held().await.unwrap());
     first.release().await.unwrap_err();
     second.release().await.unwrap();
-    assert_eq!(cluster.count_key("job"), 0);
+    common::gone_everywhere(&cluster, &["job"], "the second hold's release removed it").await;
 }
 
 /// A read share whose field vanished on a majority, where another client's writer then

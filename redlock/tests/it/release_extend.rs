@@ -41,7 +41,11 @@ async fn release_with_a_locally_expired_lease_still_removes_our_keys_but_says_so
     assert!(!lock.is_valid());
     let err = lock.release().await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
-    assert_eq!(cluster.count_key("k"), 0);
+    // Decided at two of three nodes, which no longer have the key: checked at once, since
+    // the key lives only 100 ms on the nodes. The third may still be running the release.
+    let left = cluster.count_key("k");
+    assert!(left <= 1, "our keys removed: {left} nodes keep one");
+    common::gone_everywhere(&cluster, &["k"], "our keys removed").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -65,7 +65,7 @@ async fn every_kind_locks_and_releases_over_mutual_tls() {
     fenced.release().await.unwrap();
 
     for key in ["plain", "reentrant", "many:a", "many:b", "rw", "fenced"] {
-        assert_eq!(cluster.count_key(key), 0, "{key} left behind");
+        common::gone_everywhere(&cluster, &[key], &format!("{key} left behind")).await;
     }
 }
 

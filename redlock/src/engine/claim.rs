@@ -755,13 +755,12 @@ fn tombstone_until(
     let (connect_timeout, node_timeout) = timeouts;
     let creates = if dated {
         let refused_after = timing::stamped_within(connect_timeout, node_timeout) + late_by;
-        reach.last_sent + refused_after + quorum::drift(refused_after, timing::CLOCK_DRIFT)
+        reach.last_sent + quorum::with_drift(refused_after)
     } else {
         horizon(reach, timeouts, late_by)
     };
     let replied_within = timing::undo_replied_within(connect_timeout, node_timeout);
-    let drift = quorum::drift(replied_within, timing::CLOCK_DRIFT);
-    creates.max(now + replied_within + drift)
+    creates.max(now + quorum::with_drift(replied_within))
 }
 
 /// [`Claim::undo_bounds`] of a hold whose creates and renewals may set keys living as long as

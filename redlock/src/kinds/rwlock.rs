@@ -65,7 +65,7 @@ impl Intent {
         let clock_error = timing::UNREAD_CLOCK_ERROR.max(config.connect_timeout);
         let span = timing::stamped_within(config.connect_timeout, config.node_timeout)
             .saturating_add(clock_error.saturating_mul(2));
-        let withdrawn = span.saturating_add(crate::quorum::drift(span, timing::CLOCK_DRIFT));
+        let withdrawn = crate::quorum::with_drift(span);
         Self {
             field,
             ms: u64::try_from(ms).unwrap_or(u64::MAX),

@@ -197,15 +197,15 @@ pub mod stall {
 
 /// How many requests of `op` to the node behind `url` ended so far, from [`logs`].
 pub fn requests_ended(url: &str, op: &str) -> usize {
-    let node = url.trim_start_matches("redis://");
-    let log = String::from_utf8_lossy(&logs().lock().unwrap()).into_owned();
-    log.lines()
-        .filter(|line| line.contains("node request ended"))
-        .filter(|line| line.contains(node) && line.contains(&format!("op=\"{op}\"")))
+    let op = format!("op=\"{op}\"");
+    log_lines_of(url)
+        .lines()
+        .filter(|l| l.contains("node request ended") && l.contains(&op))
         .count()
 }
 
-/// The lines of [`logs`] that name the node behind `url`: context for a failed assertion.
+/// The lines of [`logs`] that name the node behind `url` (also context for a failed
+/// assertion).
 pub fn log_lines_of(url: &str) -> String {
     let node = url.trim_start_matches("redis://");
     let log = String::from_utf8_lossy(&logs().lock().unwrap()).into_owned();

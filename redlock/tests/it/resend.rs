@@ -40,9 +40,7 @@ async fn a_killed_node_behind_a_proxy_does_not_hold_up_shutdown() {
     let lock = rl.try_lock("dead-behind-proxy").await.unwrap();
     // Staging: node 2 holds the lock (a round is decided by the first two nodes), so its
     // release has something to undo there, and is sent again.
-    let on_node_2 =
-        || faulty.cluster().nodes_holding("dead-behind-proxy", lock.token()).contains(&2);
-    assert!(common::eventually(Duration::from_secs(2), on_node_2).await, "staging");
+    common::held_on(faulty.cluster(), "dead-behind-proxy", lock.token(), &[2]).await;
     faulty.inject(Fault::Kill, &[2]).unwrap();
     lock.release().await.unwrap();
     let started = Instant::now();

@@ -272,32 +272,49 @@ pub async fn take_over(cluster: &Cluster, key: &str) {
     other.try_lock(key).await.unwrap().release().await.unwrap();
 }
 
-/// Opens `rl`'s connections: a first lock and release, tried again for up to two seconds
-/// (opening the connections may take longer than a short node timeout on a loaded host).
+/// Opens `rl`'s connections where the caller runs, and waits until every node answered on
+/// its own: a first lock and release, tried again for up to two seconds (opening the
+/// connections may take longer than a short node timeout on a loaded host), then
+/// [`connect_all`]. A round is decided at its quorum, so after one the slowest nodes'
+/// connections may still be opening: a request sent there next would wait for that
+/// connect (it gets the connect timeout, not the node timeout), and a node the test
+/// pauses or faults then would answer late where the test expects a timeout.
 pub async fn warm(rl: &Redlock) {
     let deadline = Instant::now() + Duration::from_secs(2);
     loop {
         match rl.try_lock("warm").await {
-            Ok(lock) => return lock.release().await.unwrap(),
+            Ok(lock) => {
+                lock.release().await.unwrap();
+                return connect_all(rl).await;
+            }
             Err(err) if Instant::now() > deadline => panic!("warming up: {err}"),
             Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
         }
     }
 }
 
-/// Opens `rl`'s connection to every node and waits for each to answer: a lock round
-/// decides at its quorum, so after one the last node's connection may still be opening
-/// (and a request on it would count as a fresh connection's, not a warm one's).
+/// Opens `rl`'s connection to every node and waits (up to two seconds, asking again) until
+/// each answered a read: a lock round decides at its quorum, so after one the last node's
+/// connection may still be opening (and a request on it would count as a fresh
+/// connection's, not a warm one's).
 pub async fn connect_all(rl: &Redlock) {
-    let inspection = rl.inspect("warm").await.unwrap();
-    for view in &inspection.nodes {
-        assert!(view.error.is_none(), "connecting to {}: {:?}", view.node, view.error);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let inspection = rl.inspect("warm").await.unwrap();
+        let failed = inspection.nodes.iter().find(|view| view.error.is_some());
+        match failed {
+            None => return,
+            Some(view) if Instant::now() > deadline => {
+                panic!("connecting to {}: {:?}", view.node, view.error)
+            }
+            Some(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
     }
 }
 
 /// Opens `rl`'s connections, then slows nodes 0-3 by 5 ms each way.
 pub async fn warm_and_slow(faulty: &FaultyCluster, rl: &Redlock) {
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    warm(rl).await;
     for i in 0..4 {
         faulty.proxy(i).set_fault(latency(5));
     }

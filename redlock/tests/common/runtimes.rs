@@ -52,7 +52,7 @@ pub async fn warm_runtime(rl: &Redlock) -> Runtime {
     let warm = rl.clone();
     on_thread(move || {
         let runtime = multi_thread(2);
-        runtime.block_on(async { warm.try_lock("warm").await.unwrap().release().await.unwrap() });
+        runtime.block_on(async { super::warm(&warm).await });
         runtime
     })
     .await
@@ -63,7 +63,7 @@ pub async fn warm_runtime(rl: &Redlock) -> Runtime {
 pub async fn warm_on_two_runtimes(node_timeout: Duration) -> (FaultyCluster, Redlock, Runtime) {
     let faulty = FaultyCluster::start(3).unwrap();
     let rl = super::builder_for(faulty.urls(), node_timeout).build().unwrap();
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    super::warm(&rl).await;
     let b = warm_runtime(&rl).await;
     (faulty, rl, b)
 }

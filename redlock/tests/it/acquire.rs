@@ -220,7 +220,7 @@ async fn even_node_counts_need_more_than_half() {
 async fn a_split_vote_is_told_apart_from_a_holder_of_a_quorum() {
     let cluster = common::cluster(3);
     let rl = common::client(&cluster);
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     // Two other owners, one node each: nobody holds the lock.
     common::run(&cluster, 1, &["SET", "job", "owner-b", "PX", "10000"]);
     common::run(&cluster, 2, &["SET", "job", "owner-c", "PX", "10000"]);

@@ -314,7 +314,7 @@ fn a_sync_wrappers_multi_thread_runtime_finishes_its_requests_between_calls() {
     let faulty = FaultyCluster::start(3).unwrap();
     let rl = common::builder_for(faulty.urls(), Duration::from_millis(500)).build().unwrap();
     let runtime = common::runtimes::multi_thread(2);
-    runtime.block_on(async { rl.try_lock("warm").await.unwrap().release().await.unwrap() });
+    runtime.block_on(async { common::warm(&rl).await });
     faulty.proxy(2).set_fault(common::latency(100));
     let lock = runtime.block_on(async { rl.try_lock("k").await.unwrap() });
     let token = lock.token().to_owned();
@@ -350,7 +350,7 @@ fn a_sync_wrappers_multi_thread_runtime_finishes_its_requests_between_calls() {
 async fn a_partial_clean_up_is_waited_for_on_its_own_node_only() {
     let faulty = FaultyCluster::start(5).unwrap();
     let rl = common::builder_for(faulty.urls(), Duration::from_millis(150)).build().unwrap();
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     let cluster = faulty.cluster();
     for round in 0..5 {
         let key = format!("k{round}");
@@ -391,7 +391,7 @@ async fn a_partial_clean_up_is_waited_for_on_its_own_node_only() {
 async fn the_next_attempt_is_granted_on_the_node_of_the_abandoned_set() {
     let faulty = FaultyCluster::start(5).unwrap();
     let rl = common::builder_for(faulty.urls(), Duration::from_millis(2000)).build().unwrap();
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     let cluster = faulty.cluster();
     for i in [0, 1, 2] {
         faulty.proxy(i).set_fault(common::latency(5));
@@ -553,7 +553,7 @@ async fn a_dead_cached_connection_is_replaced_on_the_fast_path() {
     let mut cluster = common::cluster(3);
     let rl = common::builder(&cluster, Duration::from_millis(500)).build().unwrap();
     for round in 0..4 {
-        rl.try_lock("warm").await.unwrap().release().await.unwrap();
+        common::warm(&rl).await;
         for i in 0..3 {
             cluster.node_mut(i).restart().unwrap();
         }
@@ -668,7 +668,7 @@ async fn cancelled_first_poll(n: usize) {
     let cluster = common::cluster(n);
     let rl: Redlock = common::builder(&cluster, Duration::from_millis(200)).build().unwrap();
     // Connections up on every node.
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     // Same task poll: use up the budget, then poll the attempt once and drop it.
     let polled_once = tokio::spawn({
         let rl = rl.clone();
@@ -885,7 +885,7 @@ fn a_release_whose_slow_node_resets_after_an_idle_sync_wrappers_call_still_reach
         .build()
         .unwrap();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    runtime.block_on(async { rl.try_lock("warm").await.unwrap().release().await.unwrap() });
+    runtime.block_on(async { common::warm(&rl).await });
     let lock = runtime.block_on(async { rl.try_lock("k").await.unwrap() });
     let token = lock.token().to_owned();
     let node = faulty.cluster().node(2);

@@ -49,7 +49,7 @@ async fn a_hung_minority_costs_no_waiting() {
     let rl = common::builder(&cluster, NODE_TIMEOUT).build().unwrap();
     // Warm connections first, then hang two nodes: the worst case has their requests
     // queued on an open connection that never answers.
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     for i in [1, 3] {
         cluster.node_mut(i).pause().unwrap();
     }
@@ -86,7 +86,7 @@ async fn a_node_hung_before_the_first_connection_costs_no_waiting() {
 async fn a_hung_majority_fails_within_the_node_timeout_and_leaves_no_key() {
     let mut cluster = common::cluster(5);
     let rl = common::builder(&cluster, NODE_TIMEOUT).build().unwrap();
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     for i in [0, 1, 2] {
         cluster.node_mut(i).pause().unwrap();
     }
@@ -188,7 +188,7 @@ async fn validity_accounts_for_slow_nodes() {
     let mut cluster = common::cluster(3);
     let ttl = Duration::from_secs(2);
     let rl = common::builder(&cluster, Duration::from_secs(1)).ttl(ttl).build().unwrap();
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     // Two of three nodes answer only after 300 ms: the quorum needs one of them.
     let pause = Duration::from_millis(300);
     let paused_at = Instant::now();
@@ -216,7 +216,7 @@ async fn latency_that_eats_the_lease_is_refused_not_granted_expired() {
     let mut cluster = common::cluster(3);
     let ttl = Duration::from_millis(200);
     let rl = common::builder(&cluster, Duration::from_secs(2)).ttl(ttl).build().unwrap();
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     let slowdown = cluster.pause_for(&[1, 2], Duration::from_millis(300)).unwrap();
     let err = rl.try_lock("k").await.unwrap_err();
     slowdown.join().unwrap();
@@ -233,7 +233,7 @@ async fn many_locks_through_a_hung_node_leave_nothing_on_it() {
     // CI); the hung node's requests are made to outlast it by the wait before the resume.
     let node_timeout = Duration::from_millis(250);
     let rl = common::builder(&cluster, node_timeout).build().unwrap();
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     cluster.node_mut(2).pause().unwrap();
     for i in 0..200 {
         let lock = rl.try_lock(&format!("k:{i}")).await.unwrap();

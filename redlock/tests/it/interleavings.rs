@@ -109,7 +109,7 @@ async fn a_reentrant_release_cut_after_it_ran_is_not_applied_twice() {
 async fn a_reentrant_attempt_that_lands_late_on_a_majority_is_undone() {
     let mut cluster = common::cluster(5);
     let rl = common::builder(&cluster, Duration::from_millis(100)).build().unwrap();
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     let wakeup = cluster.pause_for(&[0, 1, 2], Duration::from_millis(400)).unwrap();
     let err = rl.reentrant("job", "job-7").once().await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unavailable);
@@ -422,7 +422,7 @@ async fn contention_with_two_dead_nodes_of_five_is_not_acquired_for_every_kind()
     let plain = holder.lock("p").await.unwrap();
     let held = holder.reentrant("r", "owner-a").await.unwrap();
     let set = holder.many(&["m1", "m2"]).await.unwrap();
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     cluster.node_mut(3).kill().unwrap();
     cluster.node_mut(4).kill().unwrap();
 
@@ -582,7 +582,7 @@ async fn cancellation_at_any_await_point_leaves_nothing() {
 async fn an_abandoned_attempt_on_a_paused_node_does_not_refuse_the_next_one() {
     let mut cluster = common::cluster(3);
     let rl = common::retrying(cluster.urls(), Duration::from_millis(300), Retry::never());
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     for i in [0, 1] {
         cluster.node(i).set("k", "foreign").unwrap();
     }

@@ -12,7 +12,7 @@ async fn release_after_expiry_reports_not_held_and_spares_the_new_owner() {
     let cluster = common::cluster(5);
     let rl = common::client(&cluster);
     // Connections first: a 50 ms lease leaves little room for a connect on a loaded machine.
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     let stale = rl.try_lock("k").ttl(Duration::from_millis(50)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(120)).await;
     assert_eq!(stale.validity(), Duration::ZERO);
@@ -173,7 +173,7 @@ async fn extend_refuses_once_the_validity_is_over() {
     let cluster = common::cluster(3);
     let rl = common::client(&cluster);
     // Connections first: a 30 ms lease leaves no room for a connect on a loaded machine.
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     let mut lock = rl.try_lock("k").ttl(Duration::from_millis(30)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(60)).await;
     let err = lock.extend(Duration::from_secs(10)).await.unwrap_err();

@@ -36,7 +36,7 @@ async fn sleep_ms(ms: u64) {
 async fn a_killed_node_behind_a_proxy_does_not_hold_up_shutdown() {
     let mut faulty = FaultyCluster::start(3).unwrap();
     let rl = client(faulty.urls());
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     let lock = rl.try_lock("dead-behind-proxy").await.unwrap();
     // Staging: node 2 holds the lock (a round is decided by the first two nodes), so its
     // release has something to undo there, and is sent again.
@@ -59,7 +59,7 @@ async fn a_node_killed_before_a_release_and_restarted_with_its_data_loses_the_re
     let config = NodeConfig::new().persistence(Persistence::AppendFsyncAlways);
     let mut cluster = Cluster::start_with(3, config).unwrap();
     let rl = client(cluster.urls());
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     let lock = rl.try_lock("persisted").await.unwrap();
     let token = lock.token().to_owned();
     let everywhere = || cluster.nodes_holding("persisted", &token).len() == 3;
@@ -87,7 +87,7 @@ async fn a_node_killed_before_a_release_and_restarted_with_its_data_loses_the_re
 async fn a_node_resetting_forever_holds_up_nothing_beyond_shutdowns_deadline() {
     let faulty = FaultyCluster::start(5).unwrap();
     let rl = client(faulty.urls());
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     // Set on node 4 before its resets begin: its release there is sent again until
     // shutdown. (A hold taken after them may never have reached node 4, whose undo then
     // has nothing to wait for.)
@@ -118,7 +118,7 @@ async fn a_node_resetting_forever_holds_up_nothing_beyond_shutdowns_deadline() {
 async fn many_releases_in_one_long_reset_all_land_and_end() {
     let faulty = Arc::new(FaultyCluster::start(5).unwrap());
     let rl = client(faulty.urls());
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     let mut locks = Vec::new();
     for i in 0..150 {
         locks.push(rl.try_lock(&format!("many:{i}")).await.unwrap());
@@ -187,7 +187,7 @@ async fn a_release_after_shutdown_on_a_resetting_node_returns() {
 async fn a_background_re_send_spares_another_owners_plain_hold() {
     let faulty = FaultyCluster::start_for_clients(3, 2, NodeConfig::new()).unwrap();
     let (a, b) = (client(faulty.urls_for(0)), client(faulty.urls_for(1)));
-    a.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&a).await;
     let lock = a.try_lock("plain").await.unwrap();
     let ta = lock.token().to_owned();
     assert!(
@@ -224,7 +224,7 @@ async fn a_background_re_send_spares_another_owners_plain_hold() {
 async fn a_forced_release_lost_to_a_reset_is_not_sent_again() {
     let faulty = FaultyCluster::start_for_clients(3, 2, NodeConfig::new()).unwrap();
     let (a, b) = (client(faulty.urls_for(0)), client(faulty.urls_for(1)));
-    a.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&a).await;
     let lock = a.try_lock("forced").await.unwrap();
     let ta = lock.token().to_owned();
     assert!(
@@ -290,7 +290,7 @@ async fn a_release_whose_sends_never_left_the_client_does_not_hide_a_lost_hold()
     let faulty = Arc::new(FaultyCluster::start(3).unwrap());
     let rl =
         common::builder_for(faulty.urls(), Duration::from_millis(250)).ttl(LEASE).build().unwrap();
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     let lock = rl.try_lock("lost").await.unwrap();
     let everywhere = || faulty.cluster().nodes_holding("lost", lock.token()).len() == 3;
     assert!(common::eventually(Duration::from_secs(2), everywhere).await);
@@ -321,7 +321,7 @@ async fn two_warm_clients(faulty: &FaultyCluster) -> [redlock::Redlock; 2] {
             .unwrap()
     });
     for rl in &clients {
-        rl.try_lock("warm").await.unwrap().release().await.unwrap();
+        common::warm(rl).await;
     }
     clients
 }
@@ -393,7 +393,7 @@ async fn the_clients_next_hold_survives_its_re_sent_release() {
     let faulty = Arc::new(FaultyCluster::start(3).unwrap());
     let rl =
         common::builder_for(faulty.urls(), Duration::from_millis(500)).ttl(LEASE).build().unwrap();
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     for round in 0..3 {
         let key = format!("again:{round}");
         let lock = rl.try_lock(&key).await.unwrap();
@@ -426,7 +426,7 @@ async fn a_node_that_always_resets_does_not_hold_up_a_release_with_a_quorum() {
     let faulty = FaultyCluster::start(3).unwrap();
     let rl =
         common::builder_for(faulty.urls(), Duration::from_millis(250)).ttl(LEASE).build().unwrap();
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     let lock = rl.try_lock("stuck").await.unwrap();
     // Staging: node 2 holds the lock (a round is decided by the first two nodes), so its
     // release has something to remove there and is tried again in the background.
@@ -457,7 +457,7 @@ async fn an_acquisition_a_paused_node_had_buffered_leaves_nothing_with_its_relea
     let mut faulty = FaultyCluster::start(3).unwrap();
     let rl =
         common::builder_for(faulty.urls(), Duration::from_millis(600)).ttl(LEASE).build().unwrap();
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     // The client's own thread opens its connections in the background once the runtime's
     // have opened: their clock readings are counted before the rounds.
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -500,7 +500,7 @@ async fn a_release_cancelled_between_tries_is_finished_by_the_drop() {
     let faulty = Arc::new(FaultyCluster::start(3).unwrap());
     let rl =
         common::builder_for(faulty.urls(), Duration::from_millis(250)).ttl(LEASE).build().unwrap();
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     for round in 0..3 {
         let key = format!("cancel:{round}");
         let lock = rl.try_lock(&key).await.unwrap();

@@ -125,7 +125,7 @@ async fn a_refused_attempt_from_a_multi_thread_runtime_that_ended_leaves_no_toke
 async fn a_lock_whose_lane_was_evicted_leaves_no_token_behind_a_held_acquisition() {
     let faulty = FaultyCluster::start(3).unwrap();
     let rl = common::builder_for(faulty.urls(), NODE_TIMEOUT).build().unwrap();
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     // Longer than the others' hold: the four runtimes' connects and rounds must end
     // before the SET lands, and on a loaded machine they once took more than 1.5 s.
     let hold = HOLD * 3;
@@ -521,7 +521,7 @@ async fn an_auto_extended_lock_released_from_its_runtime_leaves_no_key_behind_a_
     let faulty = FaultyCluster::start(3).unwrap();
     let ttl = Duration::from_millis(6000);
     let rl = common::builder_for(faulty.urls(), NODE_TIMEOUT).ttl(ttl).build().unwrap();
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     let extend_sha = common::extend_sha();
     faulty.proxy(2).hold_requests_containing(extend_sha.as_bytes(), HOLD);
     let auto = rl.try_lock("job").await.unwrap().auto_extend();
@@ -630,7 +630,7 @@ async fn a_release_after_the_nodes_closed_its_connections_reports_a_lock_taken_m
 async fn a_release_from_another_runtime_while_the_acquiring_one_is_blocked_and_a_node_lags() {
     let faulty = FaultyCluster::start(3).unwrap();
     let rl = common::builder_for(faulty.urls(), NODE_TIMEOUT).build().unwrap();
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     let a = warm_runtime(&rl).await;
     faulty.proxy(2).set_fault(common::latency(150));
     let taker = rl.clone();
@@ -669,7 +669,7 @@ async fn a_release_from_another_runtime_while_the_acquiring_one_is_blocked_and_a
 async fn released_after_two_extensions_timed_out_on_a_majority() -> (FaultyCluster, Redlock) {
     let faulty = FaultyCluster::start(3).unwrap();
     let rl = common::builder_for(faulty.urls(), NODE_TIMEOUT).build().unwrap();
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     let mut lock = rl.try_lock("k").await.unwrap();
     for i in [1, 2] {
         faulty.proxy(i).hold_requests_containing(EXTENSION, Duration::from_millis(600));
@@ -810,7 +810,7 @@ async fn a_healing_extension_landing_after_the_resends_leaves_no_key() {
         .ttl(Duration::from_millis(2000))
         .build()
         .unwrap();
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     let b = warm_runtime(&rl).await;
     let ext = Duration::from_millis(1500);
     let needle = b"\r\n1500\r\n";

@@ -25,7 +25,7 @@ async fn a_release_lost_with_its_connection_is_sent_again() {
     let faulty = FaultyCluster::start(5).unwrap();
     let rl =
         common::builder_for(faulty.urls(), Duration::from_millis(250)).ttl(LEASE).build().unwrap();
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     for round in 0..3 {
         let key = format!("reset:{round}");
         let lock = rl.try_lock(&key).await.unwrap();
@@ -63,7 +63,7 @@ async fn two_releases_in_one_reset_are_both_sent_again() {
     let faulty = Arc::new(FaultyCluster::start(5).unwrap());
     let rl =
         common::builder_for(faulty.urls(), Duration::from_millis(250)).ttl(LEASE).build().unwrap();
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     for round in 0..3 {
         let (ka, kb) = (format!("a:{round}"), format!("b:{round}"));
         let a = rl.try_lock(&ka).await.unwrap();
@@ -95,7 +95,7 @@ fn a_release_handed_over_mid_retry_is_sent_again() {
         common::builder_for(faulty.urls(), Duration::from_millis(250)).ttl(LEASE).build().unwrap();
     let (client, staged) = (rl.clone(), faulty.clone());
     let lock = common::on_short_runtime(async move {
-        client.try_lock("warm").await.unwrap().release().await.unwrap();
+        common::warm(&client).await;
         let lock = client.try_lock("handed").await.unwrap();
         // Staging: node 4 answered (a round is decided by the first three of five), so the
         // release has something to remove there.
@@ -125,7 +125,7 @@ fn a_release_handed_over_mid_retry_is_sent_again() {
 async fn a_release_on_dead_nodes_answers_at_once_and_holds_up_no_shutdown() {
     let mut cluster = common::cluster(3);
     let rl = common::builder(&cluster, Duration::from_millis(250)).build().unwrap();
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     let lock = rl.try_lock("dead").await.unwrap();
     // Staging: every node answered the acquisition (a round is decided by the first two).
     common::held_on(&cluster, "dead", lock.token(), &[0, 1, 2]).await;
@@ -156,7 +156,7 @@ async fn a_release_through_a_reset_of_several_seconds_removes_the_key_once_it_he
     let faulty = FaultyCluster::start(3).unwrap();
     let rl =
         common::builder_for(faulty.urls(), Duration::from_millis(250)).ttl(LEASE).build().unwrap();
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     let lock = rl.try_lock("long-reset").await.unwrap();
     let everywhere = || faulty.cluster().nodes_holding("long-reset", lock.token()).len() == 3;
     assert!(common::eventually(Duration::from_secs(2), everywhere).await);
@@ -212,7 +212,7 @@ async fn an_acquisition_buffered_in_a_node_that_wakes_after_the_lease_sets_nothi
         .ttl(ttl)
         .build()
         .unwrap();
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     faulty.inject(Fault::Pause, &[2]).unwrap();
     let started = Instant::now();
     let lock = rl.try_lock("late").await.unwrap();
@@ -334,7 +334,7 @@ async fn reset_before_the_decision_still_gets_the_failed_attempts_key_removed() 
     // A node timeout well above the 80 ms the Held answers take, even on a loaded machine:
     // with 100 ms they sometimes timed out, and the attempt failed as Unavailable.
     let rl = common::builder_for(faulty.urls(), Duration::from_millis(300)).build().unwrap();
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     for i in [0, 1] {
         faulty.cluster().node(i).set("k", "foreign").unwrap();
         // Held answers arrive after ~80 ms: the round is decided after the reset below.
@@ -366,7 +366,7 @@ async fn reset_before_the_decision_still_gets_the_failed_attempts_key_removed() 
 async fn an_abandoned_attempt_never_refuses_a_new_attempt_during_its_clean_up_round() {
     let faulty = FaultyCluster::start(5).unwrap();
     let rl = common::builder_for(faulty.urls(), Duration::from_secs(2)).build().unwrap();
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     for i in [0, 1, 2] {
         faulty.cluster().node(i).set("k", "foreign").unwrap();
         faulty.proxy(i).set_fault(common::latency(20));
@@ -427,7 +427,7 @@ async fn a_failed_attempt_on_a_hung_node_whose_connection_breaks(
     pause: Duration,
     settle: Duration,
 ) {
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(rl).await;
     for i in [0, 1] {
         faulty.cluster().node(i).set("k", "foreign").unwrap();
     }
@@ -486,7 +486,7 @@ async fn a_release_behind_an_extension_on_a_hung_node_whose_connection_breaks_le
 async fn a_failed_attempt_on_a_hung_node_leaves_no_key() {
     let mut faulty = FaultyCluster::start(3).unwrap();
     let rl = common::single_attempt(faulty.urls());
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     for i in [0, 1] {
         faulty.cluster().node(i).set("k", "foreign").unwrap();
     }
@@ -1062,7 +1062,7 @@ fn unhold(faulty: &FaultyCluster, nodes: &[usize]) {
 async fn shutdown_names_nodes_whose_taken_undo_waits_for_its_resend() {
     let faulty = FaultyCluster::start(3).unwrap();
     let rl = common::builder_for(faulty.urls(), Duration::from_millis(100)).build().unwrap();
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     let lock = reconnected_and_held(&faulty, &rl, "k", &[0, 1]).await;
     let started = Instant::now();
     let released = lock.release().await;
@@ -1094,7 +1094,7 @@ async fn shutdown_names_nodes_whose_taken_undo_waits_for_its_resend() {
 async fn shutdown_names_a_node_whose_background_undo_waits_for_its_resend() {
     let faulty = FaultyCluster::start(3).unwrap();
     let rl = common::builder_for(faulty.urls(), Duration::from_millis(100)).build().unwrap();
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     let lock = reconnected_and_held(&faulty, &rl, "k", &[0]).await;
     lock.release().await.unwrap();
     let shutdown = rl.shutdown(Duration::from_millis(125)).await;
@@ -1119,7 +1119,7 @@ async fn shutdown_names_a_node_whose_background_undo_waits_for_its_resend() {
 async fn a_hand_over_of_taken_undos_leaves_nothing_and_spares_the_next_hold() {
     let faulty = FaultyCluster::start(3).unwrap();
     let rl = common::builder_for(faulty.urls(), Duration::from_millis(100)).build().unwrap();
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     for trial in 0..3 {
         let key = format!("h{trial}");
         let lock = reconnected_and_held(&faulty, &rl, &key, &[0, 1]).await;
@@ -1158,8 +1158,8 @@ async fn taken_resends_never_remove_another_owners_hold() {
     let rl = common::builder_for(faulty.urls_for(0), Duration::from_millis(100)).build().unwrap();
     let other =
         common::builder_for(faulty.urls_for(1), Duration::from_millis(100)).build().unwrap();
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
-    other.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
+    common::warm(&other).await;
     let lock = reconnected_and_held(&faulty, &rl, "k", &[0, 1]).await;
     assert_eq!(lock.release().await.unwrap_err().kind(), ErrorKind::Unavailable);
     // Node 1 answers the first re-send; node 0 holds it too (it times out and is re-sent
@@ -1195,6 +1195,7 @@ async fn a_slow_clock_reading_once_does_not_lengthen_later_tombstones() {
     // error is at least 300 ms, and a create it stamps may run 600 ms past its timeout.
     faulty.proxy(0).set_fault(common::latency(300));
     rl.connect().await.unwrap();
+    // Node 0 is too slow for the node timeout: the lock is granted by nodes 1 and 2.
     rl.try_lock("warm").await.unwrap().release().await.unwrap();
     // The link heals; the connection is reset and opens again, with a fresh reading.
     faulty.proxy(0).set_fault(NetFault::Reset);

@@ -591,7 +591,7 @@ async fn two_clients_on_three_proxied_nodes() -> (Arc<FaultyCluster>, Redlock, R
     let faulty = Arc::new(FaultyCluster::start(3).unwrap());
     let a = common::builder_for(faulty.urls(), Duration::from_millis(250)).build().unwrap();
     let b = common::client(faulty.cluster());
-    a.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&a).await;
     (faulty, a, b)
 }
 
@@ -1022,7 +1022,7 @@ async fn with_lock_says_ok_for_work_done_while_another_owner_held_the_lock() {
 async fn a_resent_release_that_finds_the_key_absent_says_not_held_for_a_hold_lost_before_it() {
     let faulty = Arc::new(FaultyCluster::start(3).unwrap());
     let a = common::builder_for(faulty.urls(), Duration::from_millis(250)).build().unwrap();
-    a.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&a).await;
     let lock = a.try_lock("k").await.unwrap();
     let everywhere = || faulty.cluster().nodes_holding("k", lock.token()).len() == 3;
     assert!(common::eventually(Duration::from_secs(2), everywhere).await);

@@ -174,7 +174,7 @@ async fn a_forced_release_over_closed_connections_runs_once_and_spares_the_next_
     let cluster = common::cluster(3);
     let admin = common::builder(&cluster, Duration::from_secs(1)).build().unwrap();
     let holder = common::client(&cluster);
-    admin.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&admin).await;
     let old = holder.try_lock("f").await.unwrap();
     // Staging: every node answered the acquisition (a round is decided by the first two
     // nodes; the third may be behind the holder's first connect, which the kill below does

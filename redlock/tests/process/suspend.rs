@@ -123,7 +123,7 @@ async fn an_acquisition_the_machine_was_suspended_during_is_refused_as_expired()
     let _serial = crate::serial();
     let mut cluster = common::cluster(3);
     let rl = common::builder(&cluster, Duration::from_secs(5)).ttl(TTL).build().unwrap();
-    rl.try_lock("warm").await.unwrap().release().await.unwrap();
+    common::warm(&rl).await;
     // The nodes hold every answer back while the machine "sleeps" in the middle of the round.
     let paused = cluster.pause_for(&[0, 1, 2], Duration::from_millis(600)).unwrap();
     let suspend = tokio::spawn(async {

@@ -275,7 +275,7 @@ pub async fn take_over(cluster: &Cluster, key: &str) {
 /// Opens `rl`'s connections where the caller runs, and waits until every node answered on
 /// its own: a first lock and release, tried again for up to two seconds (opening the
 /// connections may take longer than a short node timeout on a loaded host), then
-/// [`connect_all`]. A round is decided at its quorum, so after one the slowest nodes'
+/// [`connect_all`] and [`connect_own`]. A round is decided at its quorum, so after one the slowest nodes'
 /// connections may still be opening: a request sent there next would wait for that
 /// connect (it gets the connect timeout, not the node timeout), and a node the test
 /// pauses or faults then would answer late where the test expects a timeout.
@@ -285,7 +285,8 @@ pub async fn warm(rl: &Redlock) {
         match rl.try_lock("warm").await {
             Ok(lock) => {
                 lock.release().await.unwrap();
-                return connect_all(rl).await;
+                connect_all(rl).await;
+                return connect_own(rl).await;
             }
             Err(err) if Instant::now() > deadline => panic!("warming up: {err}"),
             Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
@@ -310,6 +311,22 @@ pub async fn connect_all(rl: &Redlock) {
             Some(_) => tokio::time::sleep(Duration::from_millis(50)).await,
         }
     }
+}
+
+/// [`connect_all`] on the client's own thread: the connections its background work uses (an
+/// auto-extension, the release of a hold an extension found lost, undos of a runtime that
+/// ended, locks dropped outside any runtime). The library opens them in the background
+/// once a runtime's are open; on a loaded machine that may still be under way when a test
+/// slows or breaks a link, and a connect over a link slowed by a few hundred milliseconds
+/// outlasts the connect timeout: the background work then never reaches that node.
+pub async fn connect_own(rl: &Redlock) {
+    let rl = rl.clone();
+    runtimes::on_thread(move || {
+        // A current-thread runtime's requests go out on the client's own thread.
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(connect_all(&rl));
+    })
+    .await;
 }
 
 /// Opens `rl`'s connections, then slows nodes 0-3 by 5 ms each way.

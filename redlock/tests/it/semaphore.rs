@@ -433,7 +433,13 @@ async fn a_stale_permit_neither_releases_nor_extends_the_next_holder_of_its_slot
     let next = rl.semaphore(RESOURCE, 1).once().await.unwrap();
     assert!(stale.extend(Duration::from_secs(60)).await.is_err(), "a stale permit cannot extend");
     let _ = stale.release().await;
-    assert_eq!(cluster.nodes_holding(&key, next.token()), vec![0, 1, 2]);
+    // The next permit was granted at two of three nodes: the third may still be setting it.
+    let everywhere = || cluster.nodes_holding(&key, next.token()) == [0, 1, 2];
+    assert!(
+        common::eventually(Duration::from_secs(2), everywhere).await,
+        "{:?}",
+        cluster.nodes_holding(&key, next.token())
+    );
     let long = cluster.pttls(&key).unwrap();
     assert!(long.iter().all(|ttl| ttl.is_some_and(|ms| ms <= 10_000)), "{long:?}");
     next.release().await.unwrap();

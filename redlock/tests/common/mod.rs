@@ -71,24 +71,43 @@ pub async fn eventually(within: Duration, mut check: impl FnMut() -> bool) -> bo
     }
 }
 
-/// Waits (up to 2 s) until no live node has any of `keys`, and panics with `what` and
-/// what is left otherwise. A release (extend, forced release, dropped guard, shutdown) says
-/// Ok once its quorum answered: the other nodes may still be running it when it returns,
-/// so "removed everywhere" is read once they had time to answer, not right after the call.
+/// What the staging helpers below share: calls `attempt` until it is `Ok`, 10 ms apart, for
+/// up to two seconds, and panics with `what` and its last error then. A round is decided
+/// by its quorum, so when a call returns the other nodes may still be running their part:
+/// a test reads what every node did once they had time to, not right after the call.
+async fn settled<T, E, F>(what: &str, mut attempt: impl FnMut() -> F) -> T
+where
+    E: std::fmt::Display,
+    F: std::future::Future<Output = Result<T, E>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        match attempt().await {
+            Ok(done) => return done,
+            Err(err) if Instant::now() > deadline => panic!("{what}: {err}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
+}
+
+/// `Ok` when `left` is zero, else how many are left of `what`: for [`settled`].
+fn none_left(left: usize, what: impl FnOnce() -> String) -> std::future::Ready<Result<(), String>> {
+    std::future::ready(if left == 0 { Ok(()) } else { Err(format!("{left} {}", what())) })
+}
+
+/// Waits until no live node has any of `keys` (a release, extension, forced release, dropped
+/// guard or shutdown says Ok once its quorum answered), and panics with `what` and what is
+/// left otherwise.
 pub async fn gone_everywhere(cluster: &Cluster, keys: &[&str], what: &str) {
     let left = || keys.iter().map(|key| cluster.count_key(key)).sum::<usize>();
-    if !eventually(Duration::from_secs(2), || left() == 0).await {
-        panic!("{what}: {} left of {keys:?}", left());
-    }
+    settled(what, || none_left(left(), || format!("left of {keys:?}"))).await
 }
 
 /// [`gone_everywhere`] for every key matching `pattern`, tombstones aside (see
 /// `Cluster::keys_everywhere`).
 pub async fn none_match_everywhere(cluster: &Cluster, pattern: &str, what: &str) {
     let left = || cluster.keys_everywhere(pattern).unwrap();
-    if !eventually(Duration::from_secs(2), || left() == 0).await {
-        panic!("{what}: {} keys left matching {pattern}", left());
-    }
+    settled(what, || none_left(left(), || format!("keys left matching {pattern}"))).await
 }
 
 /// Staging: waits (up to 2 s) until each of `nodes` holds `key` with `token`, and panics if
@@ -99,13 +118,13 @@ pub async fn none_match_everywhere(cluster: &Cluster, pattern: &str, what: &str)
 pub async fn held_on(cluster: &Cluster, key: &str, token: &str, nodes: &[usize]) {
     let held = || {
         let holding = cluster.nodes_holding(key, token);
-        nodes.iter().all(|i| holding.contains(i))
+        std::future::ready(if nodes.iter().all(|i| holding.contains(i)) {
+            Ok(())
+        } else {
+            Err(format!("{key} ({token}) is held on {holding:?}, not on every node of {nodes:?}"))
+        })
     };
-    assert!(
-        eventually(Duration::from_secs(2), held).await,
-        "staging: {key} ({token}) is held on {:?}, not on every node of {nodes:?}",
-        cluster.nodes_holding(key, token)
-    );
+    settled("staging", held).await
 }
 
 /// How many pub/sub subscribers each node has for the release channel of `key`.
@@ -273,44 +292,32 @@ pub async fn take_over(cluster: &Cluster, key: &str) {
 }
 
 /// Opens `rl`'s connections where the caller runs, and waits until every node answered on
-/// its own: a first lock and release, tried again for up to two seconds (opening the
-/// connections may take longer than a short node timeout on a loaded host), then
-/// [`connect_all`] and [`connect_own`]. A round is decided at its quorum, so after one the slowest nodes'
-/// connections may still be opening: a request sent there next would wait for that
-/// connect (it gets the connect timeout, not the node timeout), and a node the test
-/// pauses or faults then would answer late where the test expects a timeout.
+/// its own: a first lock and release, tried again (opening the connections may take longer
+/// than a short node timeout on a loaded host), then [`connect_all`] and [`connect_own`].
+/// A round is decided at its quorum, so after one the slowest nodes' connections may still
+/// be opening: a request sent there next would wait for that connect (it gets the connect
+/// timeout, not the node timeout), and a node the test pauses or faults then would answer
+/// late where the test expects a timeout.
 pub async fn warm(rl: &Redlock) {
-    let deadline = Instant::now() + Duration::from_secs(2);
-    loop {
-        match rl.try_lock("warm").await {
-            Ok(lock) => {
-                lock.release().await.unwrap();
-                connect_all(rl).await;
-                return connect_own(rl).await;
-            }
-            Err(err) if Instant::now() > deadline => panic!("warming up: {err}"),
-            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    }
+    let lock = settled("warming up", || async { rl.try_lock("warm").await }).await;
+    lock.release().await.unwrap();
+    connect_all(rl).await;
+    connect_own(rl).await;
 }
 
-/// Opens `rl`'s connection to every node and waits (up to two seconds, asking again) until
-/// each answered a read: a lock round decides at its quorum, so after one the last node's
-/// connection may still be opening (and a request on it would count as a fresh
-/// connection's, not a warm one's).
+/// Opens `rl`'s connection to every node and waits (asking again) until each answered a
+/// read: a lock round decides at its quorum, so after one the last node's connection may
+/// still be opening (and a request on it would count as a fresh connection's, not a warm
+/// one's).
 pub async fn connect_all(rl: &Redlock) {
-    let deadline = Instant::now() + Duration::from_secs(2);
-    loop {
+    let answered = || async {
         let inspection = rl.inspect("warm").await.unwrap();
-        let failed = inspection.nodes.iter().find(|view| view.error.is_some());
-        match failed {
-            None => return,
-            Some(view) if Instant::now() > deadline => {
-                panic!("connecting to {}: {:?}", view.node, view.error)
-            }
-            Some(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        match inspection.nodes.iter().find(|view| view.error.is_some()) {
+            None => Ok(()),
+            Some(view) => Err(format!("{}: {:?}", view.node, view.error)),
         }
-    }
+    };
+    settled("connecting to", answered).await
 }
 
 /// [`connect_all`] on the client's own thread: the connections its background work uses (an

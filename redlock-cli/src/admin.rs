@@ -253,8 +253,10 @@ pub(crate) async fn release(options: &Options, args: ReleaseArgs) -> u8 {
 }
 
 async fn shut_down(rl: &redlock::Redlock) {
-    if let Err(err) = rl.shutdown(std::time::Duration::from_secs(2)).await {
-        eprintln!("redlock: shutdown: {err}");
+    match rl.shutdown(std::time::Duration::from_secs(2)).await {
+        Ok(report) if !report.is_clean() => eprintln!("redlock: shutdown: {report}"),
+        Ok(_) => {}
+        Err(err) => eprintln!("redlock: shutdown: {err}"),
     }
 }
 

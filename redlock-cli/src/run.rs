@@ -364,8 +364,10 @@ fn exit_code(status: ExitStatus) -> u8 {
 
 /// Waits for the releases in flight, reporting the nodes it could not clean.
 async fn shut_down(rl: &redlock::Redlock) {
-    if let Err(err) = rl.shutdown(SHUTDOWN).await {
-        eprintln!("redlock: shutdown: {err}");
+    match rl.shutdown(SHUTDOWN).await {
+        Ok(report) if !report.is_clean() => eprintln!("redlock: shutdown: {report}"),
+        Ok(_) => {}
+        Err(err) => eprintln!("redlock: shutdown: {err}"),
     }
 }
 

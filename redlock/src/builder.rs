@@ -1,6 +1,6 @@
 //! Configuration, validated once in `build()`.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -299,7 +299,8 @@ impl RedlockBuilder {
 
         let tasks = Arc::new(Tasks::default());
         let servers = Arc::new(crate::server::Servers::default());
-        let mut seen = HashSet::new();
+        // Each server's address, with the first node listed there.
+        let mut seen: HashMap<String, (usize, Arc<str>)> = HashMap::new();
         let mut nodes = Vec::with_capacity(self.nodes.len());
         for (i, url) in self.nodes.iter().enumerate() {
             let client = self.client(i, url)?;
@@ -311,11 +312,22 @@ impl RedlockBuilder {
                 servers.clone(),
             )
             .connections_per_runtime(self.connections_per_runtime);
-            if !seen.insert(node.address()) {
+            if let Some((first, name)) = seen.get(&node.address()) {
                 // Counting one master twice (even as two databases) would give one process
                 // two votes.
-                return Err(Error::config(format!("node {i}: {} is listed twice", node.name())));
+                let message = if **name == **node.name() {
+                    format!("node {i}: {name} is listed twice (nodes {first} and {i})")
+                } else {
+                    format!(
+                        "node {i}: {} is the same server as node {first} ({name}): two \
+                         databases of one server fail together, so they would give one process \
+                         two votes; list each master once",
+                        node.name()
+                    )
+                };
+                return Err(Error::config(message));
             }
+            seen.insert(node.address(), (i, node.name().clone()));
             nodes.push(Arc::new(node));
         }
         Ok(Redlock::from_core(Core::new(nodes, config, tasks)))
@@ -325,8 +337,21 @@ impl RedlockBuilder {
     fn client(&self, i: usize, url: &str) -> Result<redis::Client> {
         let unparsable = |err: redis::RedisError| {
             // redis-rs does not print the URL; the redacted one says which node it was.
-            Error::config(format!("node {i}: unparsable URL {}: {err}", redact_url(url)))
+            let why = err.detail().map_or_else(|| err.category().to_owned(), str::to_owned);
+            Error::config(format!(
+                "node {i}: `{}` is not a valid node URL ({why}); {URL_FORMS}",
+                redact_url(url)
+            ))
         };
+        if url.trim().is_empty() {
+            return Err(Error::config(format!("node {i}: the URL is empty; {URL_FORMS}")));
+        }
+        if !url.contains("://") {
+            return Err(Error::config(format!(
+                "node {i}: `{}` has no scheme; {URL_FORMS}",
+                redact_url(url)
+            )));
+        }
         let is_tls = url.get(..9).is_some_and(|scheme| scheme.eq_ignore_ascii_case("rediss://"));
         if !is_tls {
             return redis::Client::open(url).map_err(unparsable);
@@ -347,6 +372,11 @@ impl RedlockBuilder {
         })
     }
 }
+
+/// What a node URL may look like, for the errors of one that is not valid.
+const URL_FORMS: &str = "a node URL is `redis://[user:password@]host:port[/db]`, `rediss://...` \
+                         for TLS (also `valkey://`, `valkeys://`), or `redis+unix:///path` \
+                         (`unix:///path`) for a Unix socket";
 
 /// TLS set-up, with whichever TLS feature is on.
 #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
@@ -412,7 +442,7 @@ mod tests {
         assert!(config_error(RedlockBuilder::new()).contains("no nodes"));
         assert!(config_error(three().nodes(["not a url"])).contains("node 3"));
         assert!(config_error(three().nodes(["redis://127.0.0.1:2"])).contains("twice"));
-        assert!(config_error(three().nodes(["redis://127.0.0.1:2/1"])).contains("twice"));
+        assert!(config_error(three().nodes(["redis://127.0.0.1:2/1"])).contains("same server"));
         assert!(config_error(three().ttl(Duration::ZERO)).contains("ttl"));
         assert!(config_error(three().ttl(Duration::from_micros(500))).contains("ttl"));
         assert!(config_error(three().ttl(Duration::from_millis(2))).contains("drift"));
@@ -425,6 +455,42 @@ mod tests {
         assert!(config_error(three().drift_factor(-0.1)).contains("drift_factor"));
         assert!(config_error(three().drift_factor(f64::NAN)).contains("drift_factor"));
         assert!(config_error(three().retry(Retry::new().with_max_attempts(0))).contains("retry"));
+    }
+
+    #[test]
+    fn a_url_that_is_not_one_shows_itself_redacted_and_the_forms_a_node_url_takes() {
+        let forms = "a node URL is `redis://[user:password@]host:port[/db]`";
+        assert_eq!(
+            config_error(three().nodes(["127.0.0.1:7101"])),
+            format!("invalid configuration: node 3: `127.0.0.1:7101` has no scheme; {URL_FORMS}")
+        );
+        let message = config_error(three().nodes(["app:s3cret@127.0.0.1:7101"]));
+        assert!(message.contains("`***@127.0.0.1:7101` has no scheme"), "{message}");
+        assert!(!message.contains("s3cret"), "{message}");
+        let message = config_error(three().nodes([""]));
+        assert!(message.contains("node 3: the URL is empty") && message.contains(forms));
+        let message = config_error(three().nodes(["redis://:s3cret@[::1"]));
+        assert!(message.contains("`redis://:***@[::1` is not a valid node URL"), "{message}");
+        assert!(message.contains(forms) && !message.contains("InvalidClientConfig"), "{message}");
+    }
+
+    #[test]
+    fn two_databases_of_one_server_are_refused_as_one_failure_domain() {
+        let message = config_error(three().nodes(["redis://127.0.0.1:2/1"]));
+        assert_eq!(
+            message,
+            "invalid configuration: node 3: 127.0.0.1:2/1 is the same server as node 1 \
+             (127.0.0.1:2/0): two databases of one server fail together, so they would give \
+             one process two votes; list each master once"
+        );
+        let message = config_error(three().nodes(["redis://127.0.0.1:2"]));
+        assert!(message.contains("127.0.0.1:2/0 is listed twice (nodes 1 and 3)"), "{message}");
+    }
+
+    #[test]
+    fn the_ttl_bounds_are_said_in_round_units() {
+        let message = config_error(three().ttl(Duration::MAX));
+        assert!(message.contains("between 1 ms and 36500 days (100 years)"), "{message}");
     }
 
     #[test]

@@ -252,21 +252,28 @@ impl Redlock {
     /// leaves that key on its nodes for the rest of its lease. Clones share the shutdown.
     ///
     /// ```no_run
-    /// # async fn run(rl: redlock::Redlock) {
+    /// # async fn run(rl: redlock::Redlock) -> Result<(), redlock::Error> {
     /// use std::time::Duration;
-    /// if let Err(err) = rl.shutdown(Duration::from_secs(2)).await {
-    ///     eprintln!("{err}"); // names the nodes whose keys stay until their lease ends
+    /// let report = rl.shutdown(Duration::from_secs(2)).await?;
+    /// if !report.is_clean() {
+    ///     eprintln!("{report}"); // names the nodes whose keys stay until their lease ends
     /// }
+    /// # Ok(())
     /// # }
     /// ```
     ///
+    /// `Ok` as long as every hold was released on a quorum, with a [`ShutdownReport`](crate::ShutdownReport)
+    /// naming the nodes where a release was still in flight at the deadline or failed
+    /// (a node down, a reset): their keys stay there until their leases end, keeping no
+    /// one out.
+    ///
     /// # Errors
-    /// [`ErrorKind::Shutdown`](crate::ErrorKind::Shutdown) when a release was still in
-    /// flight at the deadline or failed on some nodes; [`Error::nodes`](crate::Error::nodes)
-    /// says which (timed out: still in flight; failed: the release failed there). Also when
-    /// an acquisition was still under way at the deadline (its future not polled, its
-    /// runtime blocked): the message says how many.
-    pub async fn shutdown(&self, within: Duration) -> Result<()> {
+    /// [`ErrorKind::Shutdown`](crate::ErrorKind::Shutdown) when releases were not
+    /// confirmed on more nodes than a quorum can spare (a hold may then still be held on
+    /// a quorum until its lease ends); [`Error::nodes`](crate::Error::nodes) says which
+    /// and why. Also when an acquisition was still under way at the deadline (its future
+    /// not polled, its runtime blocked): the message says how many.
+    pub async fn shutdown(&self, within: Duration) -> Result<crate::ShutdownReport> {
         let deadline = std::time::Instant::now() + within;
         self.core.shutdown(deadline).await
     }

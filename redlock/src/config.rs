@@ -80,8 +80,8 @@ impl Ttl {
         }
         let ms = quorum::ttl_millis(ttl).ok_or_else(|| {
             Error::config(format!(
-                "ttl must be between 1 ms and {}, got {ttl:?}",
-                humantime::format_duration(quorum::MAX_TTL)
+                "ttl must be between 1 ms and {} days (100 years), got {ttl:?}",
+                quorum::MAX_TTL.as_secs() / 86_400
             ))
         })?;
         let lease = Duration::from_millis(ms);

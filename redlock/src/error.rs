@@ -36,6 +36,13 @@ pub enum ErrorKind {
     /// The client was shut down ([`Redlock::shutdown`](crate::Redlock::shutdown)): it takes
     /// no new locks, or it could not clean every node in time.
     Shutdown,
+    /// So many nodes refused this client itself that no quorum is possible without them: a
+    /// login refused (a wrong or missing password, an unknown or disabled user, a password
+    /// sent to a node that has none), a TLS certificate refused by the handshake, or a
+    /// command the ACL user may not run. Each node's [`NodeOutcome::Denied`] says which,
+    /// and what to change. Retrying cannot help until the configuration or the server
+    /// changes, so a waiting request returns it at once.
+    Denied,
 }
 
 impl ErrorKind {
@@ -54,6 +61,7 @@ impl ErrorKind {
             Self::NotHeld => "not_held",
             Self::WrongType => "wrong_type",
             Self::Shutdown => "shutdown",
+            Self::Denied => "denied",
         }
     }
 
@@ -66,6 +74,7 @@ impl ErrorKind {
             Self::NotHeld => "lock no longer held",
             Self::WrongType => "key holds another data type",
             Self::Shutdown => "the client is shut down",
+            Self::Denied => "the nodes refused this client's login, certificate or permissions",
         }
     }
 }
@@ -96,6 +105,10 @@ pub enum NodeOutcome {
     TimedOut,
     /// No connection to the node could be used (refused, reset, closed).
     Unreachable(Arc<str>),
+    /// The node refused this client itself: its login (`WRONGPASS`, `NOAUTH`, a password
+    /// the node does not have), its TLS certificate, or a command its ACL user may not run
+    /// (`NOPERM`). The text names the cause and what to change, never a password.
+    Denied(Arc<str>),
     /// The node answered with an error or with a reply this library does not expect.
     Failed(Arc<str>),
     /// The node did what was asked, but it is in restart quarantine
@@ -109,7 +122,7 @@ pub enum NodeOutcome {
 impl NodeOutcome {
     /// Whether the node was faulty (rather than answering about the key).
     pub fn is_fault(&self) -> bool {
-        matches!(self, Self::TimedOut | Self::Unreachable(_) | Self::Failed(_))
+        matches!(self, Self::TimedOut | Self::Unreachable(_) | Self::Denied(_) | Self::Failed(_))
     }
 }
 
@@ -123,6 +136,7 @@ impl fmt::Display for NodeOutcome {
             Self::WrongType => f.write_str("wrong type"),
             Self::TimedOut => f.write_str("timed out"),
             Self::Unreachable(why) => write!(f, "unreachable: {why}"),
+            Self::Denied(why) => write!(f, "denied: {why}"),
             Self::Failed(why) => write!(f, "failed: {why}"),
             Self::Quarantined => f.write_str("in restart quarantine"),
             Self::Pending => f.write_str("no answer before the round was decided"),
@@ -157,6 +171,65 @@ impl NodeReport {
     /// named the holder (a plain lock's token); `None` otherwise.
     pub fn holder(&self) -> Option<&str> {
         self.holder.as_deref()
+    }
+}
+
+/// What a [`shutdown`](crate::Redlock::shutdown) that released every hold on a quorum
+/// could not confirm everywhere: the nodes where a release was still in flight at the
+/// deadline or failed. Their keys stay there until their leases end; no other client is
+/// kept out by them, since every hold is gone from a quorum.
+///
+/// `Display` says it in one line, for a log.
+#[derive(Clone, Debug)]
+pub struct ShutdownReport {
+    round: RoundReport,
+}
+
+impl ShutdownReport {
+    pub(crate) fn new(round: RoundReport) -> Self {
+        Self { round }
+    }
+
+    /// Every node's outcome, in the order the nodes were configured: [`NodeOutcome::Ok`]
+    /// where every release was confirmed, otherwise the last fault a release met there
+    /// (`TimedOut` when it was sent and not answered by the deadline).
+    pub fn nodes(&self) -> &[NodeReport] {
+        &self.round.nodes
+    }
+
+    /// The nodes where a release was not confirmed.
+    pub fn unconfirmed(&self) -> impl Iterator<Item = &NodeReport> {
+        self.round.nodes.iter().filter(|node| node.outcome != NodeOutcome::Ok)
+    }
+
+    /// Whether every release was confirmed on every node.
+    pub fn is_clean(&self) -> bool {
+        self.unconfirmed().next().is_none()
+    }
+
+    /// The number of nodes a quorum has.
+    pub fn quorum(&self) -> usize {
+        self.round.quorum
+    }
+
+    pub(crate) fn into_round(self) -> RoundReport {
+        self.round
+    }
+}
+
+impl fmt::Display for ShutdownReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_clean() {
+            return f.write_str("every release confirmed on every node");
+        }
+        let nodes: Vec<String> =
+            self.unconfirmed().map(|node| format!("{} ({})", node.node, node.outcome)).collect();
+        write!(
+            f,
+            "releases not confirmed on {}: their keys there stay until their leases end; \
+             every hold was released on a quorum",
+            nodes.join(", ")
+        )
     }
 }
 
@@ -231,7 +304,7 @@ impl Refusal {
                 "a split vote: no other owner holds it on a quorum, the contenders' votes were divided"
             }
             Self::WriterWaiting => {
-                "a writer waits for it (writer preference holds new readers back); no one holds it on a quorum"
+                "a writer waits for it: writer preference holds new readers back (no writer holds it on a quorum; readers may)"
             }
         }
     }
@@ -283,16 +356,35 @@ impl Error {
         Self::new(kind, message.into(), None, Some(round))
     }
 
+    /// This error's nodes and resource, told as `kind` with `message`, this error's own
+    /// message after `what`: a lease lost after extensions failed, with the last one's
+    /// outcomes.
+    pub(crate) fn retold(&self, kind: ErrorKind, message: &str, what: &str) -> Self {
+        let inner = &*self.inner;
+        let message = match inner.message.is_empty() {
+            true => format!("{message}; {what}: {}", inner.kind),
+            false => format!("{message}; {what}: {}: {}", inner.kind, inner.message),
+        };
+        Self::new(kind, message, inner.resource.clone(), inner.round.clone())
+    }
+
     pub(crate) fn local(kind: ErrorKind, message: impl Into<String>, resource: &str) -> Self {
         Self::new(kind, message.into(), Some(resource.to_owned()), None)
     }
 
+    /// Too few nodes answered, and so many of them refused this client itself that no
+    /// quorum is possible without them: [`ErrorKind::Denied`], since no retry can help.
     fn new(
         kind: ErrorKind,
         message: String,
         resource: Option<String>,
         round: Option<RoundReport>,
     ) -> Self {
+        let denied = round.as_ref().is_some_and(|round| {
+            let denied = round.count(|o| matches!(o, NodeOutcome::Denied(_)));
+            denied > round.nodes.len().saturating_sub(round.quorum)
+        });
+        let kind = if kind == ErrorKind::Unavailable && denied { ErrorKind::Denied } else { kind };
         Self { inner: Box::new(Inner { kind, message, resource, round }) }
     }
 
@@ -360,7 +452,12 @@ impl Error {
     /// How many nodes failed with a reason of their own (an error reply, a refused
     /// certificate, login or permission, a refused connection), rather than a timeout.
     fn stated_faults(&self) -> usize {
-        self.count(|o| matches!(o, NodeOutcome::Unreachable(_) | NodeOutcome::Failed(_)))
+        self.count(|o| {
+            matches!(
+                o,
+                NodeOutcome::Unreachable(_) | NodeOutcome::Denied(_) | NodeOutcome::Failed(_)
+            )
+        })
     }
 
     /// Of two errors of successive attempts, the one worth reporting: `later`, unless both
@@ -421,6 +518,7 @@ impl fmt::Display for Error {
             ("wrong type", round.count(|o| *o == NodeOutcome::WrongType)),
             ("timed out", round.count(|o| *o == NodeOutcome::TimedOut)),
             ("unreachable", round.count(|o| matches!(o, NodeOutcome::Unreachable(_)))),
+            ("denied", round.count(|o| matches!(o, NodeOutcome::Denied(_)))),
             ("failed", round.count(|o| matches!(o, NodeOutcome::Failed(_)))),
             ("in restart quarantine", round.count(|o| *o == NodeOutcome::Quarantined)),
             ("not waited for", self.pending()),
@@ -430,10 +528,11 @@ impl fmt::Display for Error {
         }
         write!(f, "; after {:?})", round.elapsed)?;
         // What the failing nodes said, once per distinct reason: the reason is what an
-        // operator acts on (a refused certificate, a missing ACL permission).
+        // operator acts on (a refused certificate, a missing ACL permission, a node that
+        // timed out).
         let mut reasons: Vec<(String, Vec<&str>)> = Vec::new();
         for report in round.nodes.iter() {
-            if !matches!(report.outcome, NodeOutcome::Unreachable(_) | NodeOutcome::Failed(_)) {
+            if !report.outcome.is_fault() {
                 continue;
             }
             let reason = report.outcome.to_string();

@@ -34,6 +34,42 @@ pub struct Inspection {
     pub nodes: Vec<NodeView>,
     /// The holder a quorum of nodes agrees on, if any.
     pub holder: Option<String>,
+    /// How many nodes a quorum has.
+    pub quorum: usize,
+}
+
+/// One line for the resource (`app:orders: held by <token> on 5 of 5 nodes (quorum 3)`),
+/// then one per node: what it holds and for how long, or why it could not be asked.
+impl std::fmt::Display for Inspection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.nodes.len();
+        let (quorum, key) = (self.quorum, &self.key);
+        match &self.holder {
+            Some(holder) => {
+                let on = self.nodes.iter().filter(|v| v.holder.as_deref() == Some(holder)).count();
+                write!(f, "{key}: held by {holder} on {on} of {n} nodes (quorum {quorum})")?;
+            }
+            None => {
+                let free = self.nodes.iter().filter(|v| v.holder.is_none() && v.error.is_none());
+                let free = free.count();
+                write!(
+                    f,
+                    "{key}: no holder on a quorum; {free} of {n} nodes hold nothing (quorum {quorum})"
+                )?;
+            }
+        }
+        for view in &self.nodes {
+            match (&view.error, &view.holder, view.ttl) {
+                (Some(error), _, _) => write!(f, "\n  {}: not asked: {error}", view.node)?,
+                (None, Some(holder), Some(ttl)) => {
+                    write!(f, "\n  {}: {holder}, {} ms left", view.node, ttl.as_millis())?;
+                }
+                (None, Some(holder), None) => write!(f, "\n  {}: {holder}", view.node)?,
+                (None, None, _) => write!(f, "\n  {}: nothing", view.node)?,
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Redlock {
@@ -90,7 +126,7 @@ impl Redlock {
                 nodes.iter().filter(|v| v.holder.as_deref() == Some(*holder)).count() >= quorum
             })
             .map(str::to_owned);
-        Inspection { key: key.to_string(), nodes, holder }
+        Inspection { key: key.to_string(), nodes, holder, quorum }
     }
 
     /// Every node's view of `key`, asked at once, in the order of the nodes.

@@ -33,6 +33,9 @@ struct Status {
     end: Option<End>,
     /// Why the lease ends at its deadline, once the extender stopped extending it.
     ends_because: Option<&'static str>,
+    /// The last extension that failed without ending the hold (too few nodes answered):
+    /// if the validity runs out next, its nodes' outcomes say why.
+    failed: Option<Error>,
 }
 
 /// Why a lease is no longer held.
@@ -144,13 +147,26 @@ impl Lease {
         let status = self.status.borrow();
         match &status.end {
             Some(end) => Some(end.clone()),
-            None if clock::now() >= status.deadline => Some(End::Lost(Error::local(
-                ErrorKind::NotHeld,
-                status.ends_because.unwrap_or("the validity ran out before an extension landed"),
+            None if clock::now() >= status.deadline => Some(End::Lost(ran_out(
+                status.ends_because.unwrap_or(RAN_OUT),
                 &self.resource,
+                status.failed.as_ref(),
             ))),
             None => None,
         }
+    }
+}
+
+/// Why a lease whose extensions kept failing ended.
+const RAN_OUT: &str = "the validity ran out before an extension landed";
+
+/// The error of a lease whose validity ran out (`why`), with the nodes' outcomes of the last
+/// extension that `failed`, if one did: what an operator acts on (a node down, timed out,
+/// refusing the login).
+fn ran_out(why: &str, resource: &str, failed: Option<&Error>) -> Error {
+    match failed {
+        Some(failed) => failed.retold(ErrorKind::NotHeld, why, "the last extension"),
+        None => Error::local(ErrorKind::NotHeld, why, resource),
     }
 }
 
@@ -186,7 +202,12 @@ impl<G: Guard> fmt::Debug for AutoLock<G> {
 
 impl<G: Guard> AutoLock<G> {
     pub(crate) fn start(guard: G, tasks: &Arc<Tasks>, max_hold: Option<Duration>) -> Self {
-        let initial = Status { deadline: guard.lease_deadline(), end: None, ends_because: None };
+        let initial = Status {
+            deadline: guard.lease_deadline(),
+            end: None,
+            ends_because: None,
+            failed: None,
+        };
         let (status, receiver) = watch::channel(initial);
         let status = Arc::new(status);
         let lease = Lease {
@@ -379,8 +400,8 @@ async fn extend<G: Guard>(
         }
         let now = clock::now();
         if now >= guard.lease_deadline() {
-            let msg = "the validity ran out before an extension landed";
-            lose(Error::local(ErrorKind::NotHeld, msg, guard.resource()));
+            let failed = status.borrow().failed.clone();
+            lose(ran_out(RAN_OUT, guard.resource(), failed.as_ref()));
             return guard;
         }
         let lease = match max_until {
@@ -400,13 +421,21 @@ async fn extend<G: Guard>(
             return guard;
         }
         match guard.extend(lease).await {
-            Ok(()) => status.send_modify(|s| s.deadline = guard.lease_deadline()),
+            Ok(()) => status.send_modify(|s| {
+                s.deadline = guard.lease_deadline();
+                s.failed = None;
+            }),
             Err(err) if err.kind() == ErrorKind::NotHeld => {
                 lose(err);
                 return guard;
             }
             Err(err) => {
                 tracing::warn!(target: "redlock", %err, "extension failed; retrying while valid");
+                // Not a change a waiter of the lease needs to see.
+                status.send_if_modified(|s| {
+                    s.failed = Some(err);
+                    false
+                });
             }
         }
     }
@@ -453,7 +482,8 @@ mod tests {
     }
 
     fn lease(deadline: Instant) -> (Lease, watch::Sender<Status>) {
-        let (sender, status) = watch::channel(Status { deadline, end: None, ends_because: None });
+        let (sender, status) =
+            watch::channel(Status { deadline, end: None, ends_because: None, failed: None });
         (Lease { resource: "r".into(), token: "t".into(), fence: None, status }, sender)
     }
 

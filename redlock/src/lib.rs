@@ -210,6 +210,7 @@ mod client;
 mod clock;
 mod command;
 mod config;
+mod denied;
 mod engine;
 mod env;
 mod error;
@@ -243,7 +244,7 @@ pub use redis;
 
 pub use crate::builder::RedlockBuilder;
 pub use crate::client::{IntoRequest, Redlock};
-pub use crate::error::{Error, ErrorKind, NodeOutcome, NodeReport, Result};
+pub use crate::error::{Error, ErrorKind, NodeOutcome, NodeReport, Result, ShutdownReport};
 #[cfg(feature = "serde")]
 pub use crate::file_config::RedlockConfig;
 pub use crate::guard::Guard;

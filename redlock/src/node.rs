@@ -34,6 +34,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::command::{self, Command, Resend};
+use crate::denied;
 use crate::error::NodeOutcome;
 use crate::quarantine;
 use crate::server;
@@ -52,6 +53,9 @@ pub(crate) enum Failure {
     ConnectTimedOut,
     /// The node answered with an error reply.
     Server { code: Arc<str>, message: Arc<str> },
+    /// The node refused this client itself: its login, its certificate, or a command its
+    /// ACL user may not run. Nothing was run; no retry helps until something is changed.
+    Denied(Arc<str>),
 }
 
 /// The error replies with which a node says it ran nothing, for now: it is loading its
@@ -77,9 +81,9 @@ impl Failure {
             Some(code) => {
                 let message = format!("{code} {}", err.detail().unwrap_or_default());
                 match command::explain_refusal(&message) {
-                    Some(explained) => {
-                        Self::Server { code: "NOPERM".into(), message: explained.into() }
-                    }
+                    Some(explained) => Self::Denied(explained.into()),
+                    None if code == "NOPERM" => Self::Denied(message.into()),
+                    None if code == "NOAUTH" => Self::Denied(denied::NOAUTH.into()),
                     None => Self::Server { code: code.into(), message: message.into() },
                 }
             }
@@ -92,7 +96,9 @@ impl Failure {
             Self::Server { code, message } => {
                 &**code == "WRONGTYPE" || message.contains("WRONGTYPE")
             }
-            Self::Unreachable(_) | Self::Refused(_) | Self::ConnectTimedOut => false,
+            Self::Unreachable(_) | Self::Refused(_) | Self::ConnectTimedOut | Self::Denied(_) => {
+                false
+            }
         }
     }
 
@@ -109,6 +115,7 @@ impl Failure {
             Self::Server { code, .. } if &**code == "LATE" => NodeOutcome::TimedOut,
             Self::Unreachable(why) | Self::Refused(why) => NodeOutcome::Unreachable(why.clone()),
             Self::ConnectTimedOut => NodeOutcome::TimedOut,
+            Self::Denied(why) => NodeOutcome::Denied(why.clone()),
             Self::Server { message, .. } => NodeOutcome::Failed(message.clone()),
         }
     }
@@ -132,7 +139,7 @@ impl Reply {
     /// whether requests that do reach it stall is not known).
     pub(crate) fn hangs(&self) -> Option<bool> {
         match &self.value {
-            Ok(_) | Err(Failure::Server { .. }) => Some(false),
+            Ok(_) | Err(Failure::Server { .. } | Failure::Denied(_)) => Some(false),
             Err(Failure::ConnectTimedOut) => Some(true),
             Err(Failure::Unreachable(_) | Failure::Refused(_)) => None,
         }
@@ -1263,20 +1270,15 @@ async fn open(
     clock: &Mutex<Option<NodeClock>>,
 ) -> Result<MultiplexedConnection, Failure> {
     let unreachable = |err: RedisError| {
-        if err.kind() == redis::ErrorKind::AuthenticationFailed {
-            // The node answered: calling it unreachable would send operators to the network.
-            Failure::Server {
-                code: "WRONGPASS".into(),
-                message: format!(
-                    "WRONGPASS the node refused the login (AUTH): wrong user name or password, \
-                     or the user is off ({err})"
-                )
-                .into(),
-            }
+        if let Some(failure) = denied::certificate(&err).or_else(|| denied::not_redis(&err)) {
+            failure
         } else if err.is_timeout() {
             Failure::ConnectTimedOut
         } else if err.is_connection_refusal() {
             Failure::Refused(err.to_string().into())
+        } else if err.to_string().contains("NOAUTH") {
+            // The first commands (the script preload) of a connection that gave no login.
+            Failure::Denied(denied::NOAUTH.into())
         } else {
             Failure::Unreachable(err.to_string().into())
         }
@@ -1287,8 +1289,14 @@ async fn open(
         .set_pipeline_buffer_size(timing::PIPELINE_BUFFER)
         .set_connection_timeout(Some(timeout))
         .set_response_timeout(None);
-    let mut connection =
-        client.get_multiplexed_async_connection_with_config(&config).await.map_err(unreachable)?;
+    let mut connection = match client.get_multiplexed_async_connection_with_config(&config).await {
+        Ok(connection) => connection,
+        // The node answered: calling it unreachable would send operators to the network.
+        Err(err) if err.kind() == redis::ErrorKind::AuthenticationFailed => {
+            return Err(denied::login(client, &config).await);
+        }
+        Err(err) => return Err(unreachable(err)),
+    };
     // Before any command of ours: see the command module for why this is safety.
     if let Err(err) = load_scripts().query_async::<()>(&mut connection).await {
         // A node that refuses SCRIPT LOAD still works through EVAL on demand.
@@ -1342,15 +1350,14 @@ async fn open(
             tracing::debug!(target: "redlock", ?failure, "INFO server refused: server not checked");
             return Ok(connection);
         }
-        Err(Failure::Server { code, message }) => {
-            return Err(Failure::Server {
-                message: format!(
+        Err(Failure::Server { message, .. } | Failure::Denied(message)) => {
+            return Err(Failure::Denied(
+                format!(
                     "{message} (restart_quarantine needs the `info` command: allow `+info` for \
                      this user, or turn restart_quarantine off)"
                 )
                 .into(),
-                code,
-            });
+            ));
         }
         Err(failure) => return Err(failure),
     };

@@ -89,6 +89,7 @@ impl Tally {
             NodeOutcome::Quarantined
             | NodeOutcome::TimedOut
             | NodeOutcome::Unreachable(_)
+            | NodeOutcome::Denied(_)
             | NodeOutcome::Failed(_) => self.faulty += 1,
         }
     }

@@ -12,7 +12,18 @@ pub(crate) const MASK: &str = "***";
 /// `redis+unix://` form). Anything that does not look like a URL is masked whole.
 pub(crate) fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
-        return MASK.to_owned();
+        // Not a URL: a `host:port` is shown (what a user most often forgets the scheme of),
+        // with anything before an `@` masked; any other text may hold a secret.
+        let (masked, host) = match url.rsplit_once('@') {
+            Some((_, host)) => (true, host),
+            None => (false, url),
+        };
+        let hostlike = |c: char| c.is_ascii_alphanumeric() || ".-_:[]".contains(c);
+        return match (masked, !host.is_empty() && host.chars().all(hostlike)) {
+            (true, true) => format!("{MASK}@{host}"),
+            (false, true) => host.to_owned(),
+            (_, false) => MASK.to_owned(),
+        };
     };
     let (before_query, query) = match rest.split_once('?') {
         Some((before, query)) => (before, Some(query)),
@@ -76,6 +87,8 @@ mod tests {
             ),
             ("redis+unix:///run/r.sock?PASSWORD=s3cret", "redis+unix:///run/r.sock?PASSWORD=***"),
             ("not a url with s3cret", "***"),
+            ("127.0.0.1:7101", "127.0.0.1:7101"),
+            ("app:s3cret@127.0.0.1:7101", "***@127.0.0.1:7101"),
         ];
         for (url, redacted) in cases {
             assert_eq!(redact_url(url), redacted, "{url}");

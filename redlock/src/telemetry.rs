@@ -45,6 +45,7 @@ pub(crate) fn node_outcome(outcome: &NodeOutcome) -> &'static str {
         NodeOutcome::WrongType => "wrong_type",
         NodeOutcome::TimedOut => "timed_out",
         NodeOutcome::Unreachable(_) => "unreachable",
+        NodeOutcome::Denied(_) => "denied",
         NodeOutcome::Failed(_) => "failed",
         NodeOutcome::Quarantined => "quarantined",
         NodeOutcome::Pending => "pending",

@@ -135,6 +135,7 @@ pub(crate) fn finish<F, M: Remake>(
     // Made on the first retry: most rounds never need one.
     let mut retries: Option<Retries> = None;
     for (i, outcome) in taken {
+        undos.core.undos.note_outcome(i, &outcome);
         if undos.sends_again(i, &outcome, &mut retries) {
             pending.push(i);
         } else {
@@ -172,6 +173,7 @@ pub(crate) fn finish<F, M: Remake>(
                     // The client's own thread took the rest over: nothing more to do here.
                     break;
                 }
+                undos.core.undos.note_outcome(i, &outcome);
                 if undos.sends_again(i, &outcome, &mut retries) {
                     continue;
                 }
@@ -446,7 +448,7 @@ mod tests {
             NodeOutcome::Absent,
             NodeOutcome::Held,
             NodeOutcome::WrongType,
-            NodeOutcome::Failed("NOPERM".into()),
+            NodeOutcome::Denied("NOPERM".into()),
             NodeOutcome::Failed("ERR unknown command".into()),
             NodeOutcome::Failed("unexpected reply BUSY".into()),
         ] {

@@ -27,7 +27,7 @@ pub(crate) use protocol::{Answer, Op, Protocol};
 
 use crate::command::Command;
 use crate::config::{Config, Ttl};
-use crate::error::{ErrorKind, NodeOutcome, Result};
+use crate::error::{ErrorKind, NodeOutcome, Result, ShutdownReport};
 use crate::node::Node;
 use crate::retry::Retry;
 use crate::tasks::Tasks;
@@ -95,9 +95,13 @@ impl Core {
     /// Takes no new locks, has every auto-extended lock released, stops the notification
     /// subscribers and the waits, and waits until `deadline` for the acquisitions under
     /// way (each answers `Shutdown` and takes back what it set, unless decided before)
-    /// and the background work (releases above all); fails naming the nodes where a
-    /// release was still in flight or failed, and how many acquisitions were not over.
-    pub(crate) async fn shutdown(&self, deadline: std::time::Instant) -> Result<()> {
+    /// and the background work (releases above all).
+    ///
+    /// `Ok` with a report naming the nodes where a release was still in flight or failed
+    /// (their keys stay there until their leases end), as long as every hold was released
+    /// on a quorum: too few nodes are left unconfirmed for any hold to still be held. An
+    /// error when more nodes than that are unconfirmed, or an acquisition was not over.
+    pub(crate) async fn shutdown(&self, deadline: std::time::Instant) -> Result<ShutdownReport> {
         let started = std::time::Instant::now();
         let failed_before = self.undos.failures();
         self.tasks.close();
@@ -105,30 +109,37 @@ impl Core {
         self.tasks.idle_by(deadline).await;
         let acquisitions = self.tasks.acquisitions();
         let failed_after = self.undos.failures();
-        let in_flight = self.undos.in_flight();
+        let (in_flight, faults) = (self.undos.in_flight(), self.undos.faults());
         let outcomes: round::Outcomes = (0..self.nodes.len())
             .map(|i| {
-                if in_flight[i] {
-                    NodeOutcome::TimedOut
-                } else if failed_after[i] > failed_before[i] {
-                    NodeOutcome::Failed("a background release failed".into())
-                } else {
-                    NodeOutcome::Ok
+                let unconfirmed = in_flight[i] || failed_after[i] > failed_before[i];
+                match (unconfirmed, &faults[i]) {
+                    (false, _) => NodeOutcome::Ok,
+                    (true, Some(fault)) => fault.clone(),
+                    // Sent, and not answered by the deadline.
+                    (true, None) => NodeOutcome::TimedOut,
                 }
             })
             .collect();
-        if acquisitions == 0 && outcomes.iter().all(|o| *o == NodeOutcome::Ok) {
-            return Ok(());
+        let round = round::Round {
+            outcomes,
+            settled: crate::quorum::Settled::Reached,
+            started_at: started,
+            decided_at: std::time::Instant::now(),
+            lingered: Default::default(),
+        };
+        let report = ShutdownReport::new(round.report(&self.nodes));
+        let unconfirmed = report.unconfirmed().count();
+        let spare = self.nodes.len().saturating_sub(report.quorum());
+        if acquisitions == 0 && unconfirmed <= spare {
+            return Ok(report);
         }
-        let unclean: Vec<&str> = (self.nodes.iter().zip(&outcomes))
-            .filter(|(_, outcome)| **outcome != NodeOutcome::Ok)
-            .map(|(node, _)| &**node.name())
-            .collect();
         let mut problems = Vec::with_capacity(2);
-        if !unclean.is_empty() {
+        if unconfirmed > spare {
             problems.push(format!(
-                "releases not confirmed on {}: their keys stay until their lease ends",
-                unclean.join(", ")
+                "releases not confirmed on {unconfirmed} of {} nodes, more than the {spare} a \
+                 quorum can spare: a hold may still be held until its lease ends",
+                self.nodes.len()
             ));
         }
         if acquisitions > 0 {
@@ -140,14 +151,7 @@ impl Core {
             ));
         }
         let message = problems.join("; ");
-        let round = round::Round {
-            outcomes,
-            settled: crate::quorum::Settled::Failed(ErrorKind::Shutdown),
-            started_at: started,
-            decided_at: std::time::Instant::now(),
-            lingered: Default::default(),
-        };
-        Err(crate::error::Error::client(ErrorKind::Shutdown, message, round.report(&self.nodes)))
+        Err(crate::error::Error::client(ErrorKind::Shutdown, message, report.into_round()))
     }
 }
 

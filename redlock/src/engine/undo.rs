@@ -13,6 +13,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use smallvec::SmallVec;
 
+use crate::error::NodeOutcome;
+
 use super::protocol::{Abandoned, Keys};
 use super::slot::{Slot, Slots};
 
@@ -75,6 +77,10 @@ pub(crate) struct Undos {
     next_id: AtomicU64,
     /// Per node, how many undos left to the background failed there.
     failures: Box<[AtomicUsize]>,
+    /// Per node, the last fault an undo met there: what a shutdown reports for a node
+    /// whose undos are still in flight or failed (a refused connection reads
+    /// "unreachable", not "timed out").
+    faults: Mutex<Vec<Option<NodeOutcome>>>,
 }
 
 impl Undos {
@@ -84,6 +90,7 @@ impl Undos {
             registered: AtomicUsize::new(0),
             next_id: AtomicU64::new(0),
             failures: (0..nodes).map(|_| AtomicUsize::new(0)).collect(),
+            faults: Mutex::new(vec![None; nodes]),
         })
     }
 
@@ -164,6 +171,21 @@ impl Undos {
         if let Some(failures) = self.failures.get(node) {
             failures.fetch_add(1, Ordering::AcqRel);
         }
+    }
+
+    /// Notes what an undo met on `node`, if it was a fault.
+    pub(crate) fn note_outcome(&self, node: usize, outcome: &NodeOutcome) {
+        if outcome.is_fault() {
+            let mut faults = self.faults.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(fault) = faults.get_mut(node) {
+                *fault = Some(outcome.clone());
+            }
+        }
+    }
+
+    /// Per node, the last fault an undo met there.
+    pub(crate) fn faults(&self) -> Vec<Option<NodeOutcome>> {
+        self.faults.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     /// Per node, how many background undos failed so far.

@@ -1,10 +1,12 @@
 //! ACL users: each feature's rules in the README are enough for it (read from the README
 //! itself), and every rule of the library's lines is needed; a refused command is
-//! `NOPERM` naming it, inside a script too, and a refused login `WRONGPASS`; a user without
-//! the release channels still releases (`Ok`, key gone, one warning per node) and its
-//! waiters poll; a user without `INFO` gets a message naming it when restart quarantine
-//! needs it; a key pattern that excludes the prefix is `Unavailable` with every node's
-//! `NOPERM`.
+//! `Denied` with `NOPERM` naming it, inside a script too; every refused login (a wrong
+//! password, an unknown user, no password where one is needed, a password where the node
+//! has none) is `Denied` at once, not retried, naming its cause and never the password; a
+//! user without the release channels still releases (`Ok`, key gone, one warning per
+//! node) and its waiters poll; a user without `INFO` gets a message naming it when restart
+//! quarantine needs it; a key pattern that excludes the prefix is `Denied` with every
+//! node's `NOPERM`.
 
 use crate::common;
 use crate::common::acl::{PASSWORD, cluster_as, rules};
@@ -194,10 +196,11 @@ async fn a_command_refused_in_a_script_is_noperm_naming_the_command() {
     let (cluster, builder) = cluster_as("nohset", &rules(&["+hset"], &[]));
     let rl = builder.build().unwrap();
     let err = rl.reentrant("reentrant", "job").await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert_eq!(err.kind(), ErrorKind::Denied, "{err}");
+    assert!(!err.is_retryable());
     assert!(err.faulty() >= 2, "{err}");
     for node in err.nodes().iter().filter(|node| node.outcome().is_fault()) {
-        let NodeOutcome::Failed(message) = node.outcome() else {
+        let NodeOutcome::Denied(message) = node.outcome() else {
             panic!("{node:?} is not a permission failure")
         };
         assert!(message.starts_with("NOPERM") && message.contains("'hset'"), "{message}");
@@ -207,7 +210,7 @@ async fn a_command_refused_in_a_script_is_noperm_naming_the_command() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refused_login_is_wrongpass_never_unreachable() {
+async fn a_refused_login_is_denied_as_wrongpass_never_unreachable() {
     let (cluster, _) = cluster_as("login", MINIMAL);
     let rl = Redlock::builder()
         .nodes(cluster.nodes().iter().map(|node| node.url_as("login", "not-the-password")))
@@ -216,10 +219,10 @@ async fn a_refused_login_is_wrongpass_never_unreachable() {
         .build()
         .unwrap();
     let err = rl.try_lock("plain").await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert_eq!(err.kind(), ErrorKind::Denied, "{err}");
     for node in err.nodes().iter().filter(|node| node.outcome().is_fault()) {
         assert!(
-            matches!(node.outcome(), NodeOutcome::Failed(message) if message.starts_with("WRONGPASS")),
+            matches!(node.outcome(), NodeOutcome::Denied(message) if message.starts_with("WRONGPASS")),
             "{node:?}"
         );
     }
@@ -228,6 +231,61 @@ async fn a_refused_login_is_wrongpass_never_unreachable() {
     let seen = rl.inspect("plain").await.unwrap();
     for view in &seen.nodes {
         assert!(view.error.as_deref().is_some_and(|e| e.contains("WRONGPASS")), "{view:?}");
+    }
+}
+
+/// Every way a login can be refused: `lock()`, which would wait a whole TTL (10 s) for a
+/// lock that is merely busy, gives up after its first attempt, with `Denied` (not
+/// retryable), one short reason per node that says what to change, and no password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_refused_login_is_denied_at_once_naming_its_cause_and_never_the_password() {
+    let (cluster, _) = cluster_as("login", MINIMAL);
+    let locked = common::cluster(3);
+    for node in locked.nodes() {
+        let mut con = node.connection().unwrap();
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("requirepass")
+            .arg("needed")
+            .query(&mut con)
+            .unwrap();
+    }
+    let open = common::cluster(3);
+    let with_password =
+        |cluster: &redlock_testkit::Cluster, user: &str, password: &str| -> Vec<String> {
+            let url = |port: u16| format!("redis://{user}:{password}@127.0.0.1:{port}");
+            cluster.nodes().iter().map(|node| url(node.port())).collect()
+        };
+    let cases: [(&str, Vec<String>, &str); 4] = [
+        ("a wrong password", with_password(&cluster, "login", "secret-1"), "WRONGPASS"),
+        ("an unknown user", with_password(&cluster, "nobody", "secret-2"), "WRONGPASS"),
+        ("no password", locked.urls(), "NOAUTH"),
+        (
+            "a password the node does not have",
+            with_password(&open, "", "secret-3"),
+            "has none configured",
+        ),
+    ];
+    for (case, urls, cause) in cases {
+        let rl = Redlock::builder().nodes(urls).ttl(Duration::from_secs(10)).build().unwrap();
+        let started = std::time::Instant::now();
+        let err = rl.lock("plain").await.unwrap_err();
+        let took = started.elapsed();
+        eprintln!("{case}: gave up after {took:?}: {err}");
+        assert_eq!(err.kind(), ErrorKind::Denied, "{case}: {err}");
+        assert!(!err.is_retryable(), "{case}");
+        assert!(took < Duration::from_secs(2), "{case}: {took:?}, not the 10 s wait");
+        let text = err.to_string();
+        assert!(text.contains(cause), "{case}: {text}");
+        assert!(!text.contains("secret-"), "{case}: {text}");
+        assert!(text.len() < 1_500, "{case}: {} bytes: {text}", text.len());
+        assert!(!text.contains("Pipeline") && !text.contains("Index "), "{case}: {text}");
+        for node in err.nodes() {
+            let NodeOutcome::Denied(why) = node.outcome() else { continue };
+            assert!(why.contains(cause), "{case}: {why}");
+            let fix = ["redis://user:password@", "remove the password"];
+            assert!(fix.iter().any(|fix| why.contains(fix)), "{case}: {why}");
+        }
     }
 }
 
@@ -240,10 +298,10 @@ async fn without_info_restart_quarantine_names_the_missing_permission() {
 
     let rl = builder.restart_quarantine(Duration::from_secs(10)).build().unwrap();
     let err = rl.try_lock("plain").await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert_eq!(err.kind(), ErrorKind::Denied, "{err}");
     assert!(err.faulty() >= 2, "{err}");
     for node in err.nodes().iter().filter(|node| node.outcome().is_fault()) {
-        let NodeOutcome::Failed(message) = node.outcome() else {
+        let NodeOutcome::Denied(message) = node.outcome() else {
             panic!("{node:?} is not a permission failure")
         };
         assert!(message.contains("NOPERM"), "{message}");
@@ -259,24 +317,24 @@ async fn without_info_restart_quarantine_names_the_missing_permission() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_key_pattern_without_the_prefix_is_unavailable_with_noperm_from_every_node() {
+async fn a_key_pattern_without_the_prefix_is_denied_with_noperm_from_every_node() {
     let (cluster, builder) = cluster_as("otherkeys", &rules(&["~app:*"], &["~other:*"]));
     let rl = builder.build().unwrap();
     let err = rl.try_lock("plain").await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert_eq!(err.kind(), ErrorKind::Denied, "{err}");
     assert!(err.faulty() >= 2, "{err}");
     for node in err.nodes().iter().filter(|node| node.outcome().is_fault()) {
         assert!(
-            matches!(node.outcome(), NodeOutcome::Failed(message) if message.starts_with("NOPERM")),
+            matches!(node.outcome(), NodeOutcome::Denied(message) if message.starts_with("NOPERM")),
             "{node:?}"
         );
     }
     assert!(err.to_string().contains("NOPERM"), "{err}");
     // The other kinds are refused the same way.
     let many = rl.many(&["a", "b"]).await.unwrap_err();
-    assert_eq!(many.kind(), ErrorKind::Unavailable, "{many}");
+    assert_eq!(many.kind(), ErrorKind::Denied, "{many}");
     let read = rl.read("rw").await.unwrap_err();
-    assert_eq!(read.kind(), ErrorKind::Unavailable, "{read}");
+    assert_eq!(read.kind(), ErrorKind::Denied, "{read}");
     assert_eq!(cluster.keys_everywhere("*").unwrap(), 0);
 }
 

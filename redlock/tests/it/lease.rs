@@ -163,3 +163,29 @@ async fn a_fenced_lease_carries_the_fencing_token_through_its_extensions() {
     assert!(second > first, "{second} after {first}");
     auto.release().await.unwrap();
 }
+
+/// Extensions that fail because two of three nodes are gone (one dead, one paused) do not
+/// end the hold at once: its validity runs out. The loss then names each node's cause from
+/// the last extension that failed, the paused node's timeout included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_lost_to_failed_extensions_names_each_nodes_cause() {
+    let mut cluster = common::cluster(3);
+    let rl = client(&cluster);
+    common::warm(&rl).await;
+    let lock = rl.try_lock("causes").await.unwrap();
+    common::held_on(&cluster, "causes", lock.token(), &[0, 1, 2]).await;
+    let auto = lock.auto_extend();
+    cluster.node_mut(1).kill().unwrap();
+    cluster.node_mut(2).pause().unwrap();
+    let err = tokio::time::timeout(TTL * 3, auto.lost()).await.expect("lost() within its lease");
+    cluster.node_mut(2).resume().unwrap();
+    assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+    let text = err.to_string();
+    assert!(text.contains("the validity ran out before an extension landed"), "{text}");
+    assert!(text.contains("the last extension: too few nodes answered"), "{text}");
+    let dead = format!("127.0.0.1:{}/0", cluster.node(1).port());
+    let paused = format!("127.0.0.1:{}/0", cluster.node(2).port());
+    assert!(text.contains(&format!("[{dead}: unreachable")), "{text}");
+    assert!(text.contains(&format!("[{paused}: timed out]")), "{text}");
+    drop(auto);
+}

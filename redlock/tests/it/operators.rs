@@ -31,6 +31,30 @@ async fn inspect_shows_each_nodes_holder_and_lease_and_the_quorums_holder() {
     drop((lock, hold));
 }
 
+/// An inspection prints one line for the resource, with how many nodes hold it of how
+/// many and the quorum apart, then one line per node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inspection_prints_how_many_nodes_hold_it_and_each_nodes_view() {
+    let mut cluster = common::cluster(5);
+    let rl = common::client(&cluster);
+    let lock = rl.try_lock("shown").await.unwrap();
+    common::held_on(&cluster, "shown", lock.token(), &[0, 1, 2, 3, 4]).await;
+    let text = rl.inspect("shown").await.unwrap().to_string();
+    let first = text.lines().next().unwrap();
+    assert_eq!(first, format!("shown: held by {} on 5 of 5 nodes (quorum 3)", lock.token()));
+    assert_eq!(text.lines().count(), 6, "{text}");
+    let node = format!("127.0.0.1:{}/0: {}, ", cluster.node(0).port(), lock.token());
+    assert!(text.lines().nth(1).unwrap().trim_start().starts_with(&node), "{text}");
+    lock.release().await.unwrap();
+    common::gone_everywhere(&cluster, &["shown"], "released").await;
+    cluster.node_mut(4).kill().unwrap();
+    let text = rl.inspect("shown").await.unwrap().to_string();
+    let first = text.lines().next().unwrap();
+    assert_eq!(first, "shown: no holder on a quorum; 4 of 5 nodes hold nothing (quorum 3)");
+    let dead = format!("127.0.0.1:{}/0: not asked: ", cluster.node(4).port());
+    assert!(text.lines().last().unwrap().trim_start().starts_with(&dead), "{text}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forced_release_frees_the_lock_wakes_a_waiter_and_fails_the_holders_extension() {
     let cluster = common::cluster(3);

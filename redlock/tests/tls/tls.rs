@@ -99,12 +99,12 @@ async fn a_waiter_is_woken_by_a_release_notification_over_tls() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_wrong_ca_is_unavailable_with_a_message_about_the_certificate() {
+async fn a_wrong_ca_is_denied_with_a_message_about_the_certificate() {
     let cluster = tls_cluster(ClientCerts::Optional);
     let certs = Certificates::get().unwrap();
     let rl = builder(&cluster).tls_root_ca(certs.unrelated_ca().pem()).build().unwrap();
     let err = rl.try_lock("k").await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert_eq!(err.kind(), ErrorKind::Denied, "{err}");
     // Decided as soon as two nodes failed: the third may not have answered yet.
     assert!(err.faulty() >= 2, "{err}");
     for node in err.nodes().iter().filter(|node| node.outcome().is_fault()) {
@@ -120,12 +120,12 @@ async fn a_wrong_ca_is_unavailable_with_a_message_about_the_certificate() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_missing_client_certificate_is_unavailable_with_a_message_about_the_certificate() {
+async fn a_missing_client_certificate_is_denied_with_a_message_about_the_certificate() {
     let cluster = tls_cluster(ClientCerts::Required);
     let certs = Certificates::get().unwrap();
     let rl = builder(&cluster).tls_root_ca(certs.ca().pem()).build().unwrap();
     let err = rl.try_lock("k").await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert_eq!(err.kind(), ErrorKind::Denied, "{err}");
     assert!(err.to_string().to_lowercase().contains("certificate"), "{err}");
     assert_eq!(cluster.count_key("k"), 0);
 }
@@ -180,7 +180,7 @@ async fn a_waiting_lock_with_a_wrong_ca_names_the_certificate_not_a_timeout() {
     let cluster = tls_cluster(ClientCerts::Optional);
     let rl = waiting_with_an_unrelated_ca(&cluster);
     let err = rl.lock("k").await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert_eq!(err.kind(), ErrorKind::Denied, "{err}");
     assert!(err.to_string().to_lowercase().contains("certificate"), "{err}");
     assert_eq!(cluster.count_key("k"), 0);
 }
@@ -231,7 +231,7 @@ async fn attempts_with_a_wrong_ca_cost_each_node_one_handshake_and_no_clean_up()
     let attempts = 3;
     for _ in 0..attempts {
         let err = rl.try_lock("k").await.unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+        assert_eq!(err.kind(), ErrorKind::Denied, "{err}");
         assert!(err.to_string().to_lowercase().contains("certificate"), "{err}");
     }
     rl.shutdown(Duration::from_secs(5)).await.unwrap();

@@ -121,3 +121,21 @@ async fn unexpected_reply_types_count_as_failed_nodes() {
     );
     assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("k") == 0).await);
 }
+
+/// A port where an HTTP server answers: one line saying it is not a Redis server, not a
+/// multi-line parse error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_that_answers_http_is_named_not_a_redis_server() {
+    let http = fake_node(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n");
+    let rl = Redlock::builder()
+        .nodes([http.clone(), http.replace("127.0.0.1", "localhost")])
+        .node_timeout(Duration::from_millis(300))
+        .retry(Retry::never())
+        .build()
+        .unwrap();
+    let err = rl.try_lock("k").await.unwrap_err();
+    let text = err.to_string();
+    eprintln!("{text}");
+    assert!(text.contains("not a Redis server"), "{text}");
+    assert!(!text.contains('\n'), "{text}");
+}

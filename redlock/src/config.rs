@@ -41,6 +41,15 @@ impl Config {
         if resource.is_empty() {
             return Err(Error::config("the resource name is empty"));
         }
+        let len = self.key_prefix.len() + resource.len();
+        if len > MAX_KEY {
+            // Not printed: a name that long is a mistake, and its text would be the message.
+            return Err(Error::config(format!(
+                "the resource name is {} bytes long (with the key prefix, {len}); a lock's key \
+                 is at most {MAX_KEY} bytes",
+                resource.len()
+            )));
+        }
         let key: Arc<str> = if self.key_prefix.is_empty() {
             resource.into()
         } else {
@@ -62,6 +71,11 @@ impl Config {
         Ok((name, key))
     }
 }
+
+/// The longest key a lock may have (its prefix and resource name), in bytes: far beyond any
+/// sane name, and short enough that a mistake (a whole document passed as the name) is
+/// refused before it is sent to every node and repeated in every message.
+pub(crate) const MAX_KEY: usize = 4096;
 
 /// A validated lease: whole milliseconds, at least one, longer than its drift allowance.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -195,6 +195,8 @@
 //!   have won. Node timeouts well above the round trip avoid it.
 //! - One server reached under two names (`localhost` and `127.0.0.1`) is detected by its
 //!   `run_id` and the second name is refused its vote.
+//! - A lock's key (the key prefix and the resource name) is at most 4096 bytes: a longer
+//!   name is [`ErrorKind::Config`], not sent.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]

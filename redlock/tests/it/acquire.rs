@@ -251,3 +251,29 @@ async fn a_split_vote_is_told_apart_from_a_holder_of_a_quorum() {
     assert!(!err.is_split_vote(), "{err}");
     assert!(err.to_string().contains("held by another owner"), "{err}");
 }
+
+/// A 10 MB resource name is refused before anything is sent, for every kind, with a short
+/// message that does not repeat it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_resource_name_is_refused_as_configuration_with_a_short_message() {
+    let cluster = common::cluster(3);
+    let rl = common::client(&cluster);
+    let name = "x".repeat(10 << 20);
+    let errors = [
+        rl.try_lock(&name).await.unwrap_err(),
+        rl.lock(&name).await.unwrap_err(),
+        rl.many(&["a", &name]).await.unwrap_err(),
+        rl.read(&name).await.unwrap_err(),
+        rl.reentrant(&name, "owner").await.unwrap_err(),
+        rl.semaphore(&name, 2).await.unwrap_err(),
+    ];
+    for err in errors {
+        assert_eq!(err.kind(), ErrorKind::Config, "{}", &err.to_string()[..200]);
+        let text = err.to_string();
+        assert!(text.len() < 300, "{} bytes", text.len());
+        assert!(text.contains("10485760 bytes long") && text.contains("at most 4096"), "{text}");
+    }
+    // The bound itself is accepted.
+    rl.try_lock(&"y".repeat(4096)).await.unwrap().release().await.unwrap();
+    assert_eq!(cluster.keys_everywhere("*").unwrap(), 0);
+}

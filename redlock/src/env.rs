@@ -17,8 +17,8 @@ impl RedlockBuilder {
     /// | `{prefix}DRIFT_FACTOR` | [`drift_factor`](Self::drift_factor) | `0.01` |
     /// | `{prefix}KEY_PREFIX` | [`key_prefix`](Self::key_prefix) | `locks:` |
     /// | `{prefix}RESTART_QUARANTINE` | [`restart_quarantine`](Self::restart_quarantine) | `30s` |
-    /// | `{prefix}TLS_CA` | [`tls_root_ca`](Self::tls_root_ca), a PEM file | `/etc/redlock/ca.pem` |
-    /// | `{prefix}TLS_CERT`, `{prefix}TLS_KEY` (both or neither) | [`tls_client_cert`](Self::tls_client_cert), PEM files | `client.pem`, `client.key` |
+    /// | `{prefix}TLS_CA` | `tls_root_ca` (a TLS feature), a PEM file | `/etc/redlock/ca.pem` |
+    /// | `{prefix}TLS_CERT`, `{prefix}TLS_KEY` (both or neither) | `tls_client_cert` (a TLS feature), PEM files | `client.pem`, `client.key` |
     ///
     /// Durations are in [`humantime`] form (`1m 30s`, `250ms`). Settings not set keep their
     /// defaults; the builder's other methods still apply on top. The `redlock` command reads

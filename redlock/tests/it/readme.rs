@@ -102,3 +102,10 @@ fn the_readme_cites_no_test() {
         }
     }
 }
+
+/// The README is the front door: detail belongs in the crate docs, the guide and TESTING.md.
+#[test]
+fn the_readme_is_at_most_250_lines() {
+    let lines = read(&root().join("../README.md")).lines().count();
+    assert!(lines <= 250, "README.md has {lines} lines");
+}

@@ -325,9 +325,39 @@ fn inspect_shows_the_holder_and_its_lease_per_node() {
     assert!(shown.contains("pttl"), "{shown}");
     let json = text(&redlock(&cluster).args(["inspect", "--json", "job"]).output().unwrap().stdout);
     assert!(json.contains(&format!("\"holder\":\"{}\"", lock.token())), "{json}");
+    let held = format!("held by {} on 3 of 3 nodes (quorum 2)", lock.token());
+    assert!(shown.lines().any(|line| line == held), "{shown}");
     runtime.block_on(lock.release()).unwrap();
     let free = text(&redlock(&cluster).args(["inspect", "job"]).output().unwrap().stdout);
-    assert!(free.contains("no holder on a quorum"), "{free}");
+    let line = "no holder on a quorum: free on 3 of 3 nodes (quorum 2)";
+    assert!(free.lines().any(|l| l == line), "{free}");
+}
+
+/// The verdict line counts the nodes that said so, not only the quorum: a lock held on
+/// every node of five is held "on 5 of 5 nodes", never "on a quorum (3 of 5)", which reads
+/// as three.
+#[test]
+fn inspect_counts_the_nodes_that_hold_the_lock_and_those_that_are_free() {
+    let cluster = cluster(5);
+    let verdict = || {
+        let output = redlock(&cluster).args(["inspect", "job"]).output().unwrap();
+        assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+        text(&output.stdout).lines().last().unwrap_or_default().to_owned()
+    };
+    for i in 0..5 {
+        cluster.node(i).command(&["SET", "job", "owner-a", "PX", "20000"]).unwrap();
+    }
+    assert_eq!(verdict(), "held by owner-a on 5 of 5 nodes (quorum 3)");
+    cluster.node(0).command(&["DEL", "job"]).unwrap();
+    cluster.node(1).command(&["DEL", "job"]).unwrap();
+    assert_eq!(verdict(), "held by owner-a on 3 of 5 nodes (quorum 3)");
+    cluster.node(2).command(&["DEL", "job"]).unwrap();
+    assert_eq!(verdict(), "no holder on a quorum: free on 3 of 5 nodes (quorum 3)");
+    cluster.node(3).command(&["SET", "job", "owner-b", "PX", "20000"]).unwrap();
+    assert_eq!(verdict(), "no holder on a quorum: free on 3 of 5 nodes (quorum 3)");
+    cluster.node(3).command(&["DEL", "job"]).unwrap();
+    cluster.node(4).command(&["DEL", "job"]).unwrap();
+    assert_eq!(verdict(), "no holder on a quorum: free on 5 of 5 nodes (quorum 3)");
 }
 
 fn check(urls: &[String]) -> (Option<i32>, String) {

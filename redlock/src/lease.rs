@@ -33,6 +33,8 @@ struct Status {
     end: Option<End>,
     /// Why the lease ends at its deadline, once the extender stopped extending it.
     ends_because: Option<&'static str>,
+    /// The last extension's failure, while the extender retries; cleared by a success.
+    failing: Option<Error>,
 }
 
 /// Why a lease is no longer held.
@@ -139,6 +141,14 @@ impl Lease {
         }
     }
 
+    /// Why the last extension failed, while extensions are being retried (too few nodes
+    /// answered: each node's outcome is in the error); `None` before any failed and once one
+    /// succeeded again. Says why a validity runs out before [`lost()`](Lease::lost)
+    /// completes, whose error then only says that the validity ran out.
+    pub fn extension_failure(&self) -> Option<Error> {
+        self.status.borrow().failing.clone()
+    }
+
     /// Why the lock is no longer held, if it is not.
     fn end(&self) -> Option<End> {
         let status = self.status.borrow();
@@ -186,7 +196,12 @@ impl<G: Guard> fmt::Debug for AutoLock<G> {
 
 impl<G: Guard> AutoLock<G> {
     pub(crate) fn start(guard: G, tasks: &Arc<Tasks>, max_hold: Option<Duration>) -> Self {
-        let initial = Status { deadline: guard.lease_deadline(), end: None, ends_because: None };
+        let initial = Status {
+            deadline: guard.lease_deadline(),
+            end: None,
+            ends_because: None,
+            failing: None,
+        };
         let (status, receiver) = watch::channel(initial);
         let status = Arc::new(status);
         let lease = Lease {
@@ -400,13 +415,21 @@ async fn extend<G: Guard>(
             return guard;
         }
         match guard.extend(lease).await {
-            Ok(()) => status.send_modify(|s| s.deadline = guard.lease_deadline()),
+            Ok(()) => status.send_modify(|s| {
+                s.deadline = guard.lease_deadline();
+                s.failing = None;
+            }),
             Err(err) if err.kind() == ErrorKind::NotHeld => {
                 lose(err);
                 return guard;
             }
             Err(err) => {
                 tracing::warn!(target: "redlock", %err, "extension failed; retrying while valid");
+                // Nothing a watcher waits for changed: the deadline and the end are as they were.
+                status.send_if_modified(|s| {
+                    s.failing = Some(err);
+                    false
+                });
             }
         }
     }
@@ -453,7 +476,8 @@ mod tests {
     }
 
     fn lease(deadline: Instant) -> (Lease, watch::Sender<Status>) {
-        let (sender, status) = watch::channel(Status { deadline, end: None, ends_because: None });
+        let status = Status { deadline, end: None, ends_because: None, failing: None };
+        let (sender, status) = watch::channel(status);
         (Lease { resource: "r".into(), token: "t".into(), fence: None, status }, sender)
     }
 

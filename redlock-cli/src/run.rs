@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use redlock::{ErrorKind, Retry};
+use redlock::{ErrorKind, NodeOutcome, Retry};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
@@ -220,6 +220,8 @@ pub(crate) async fn run(options: &Options, args: RunArgs) -> u8 {
     };
     // Its own process group: the group id is the child's pid.
     let group = child.id().and_then(|pid| i32::try_from(pid).ok()).map(Pid::from_raw);
+    // Before the extender starts, so that its cap is never reached before this one's.
+    let held_since = tokio::time::Instant::now();
     let auto = match args.max_hold {
         Some(max_hold) => lock.auto_extend_capped(max_hold),
         None => lock.auto_extend(),
@@ -271,7 +273,18 @@ pub(crate) async fn run(options: &Options, args: RunArgs) -> u8 {
                 return code;
             }
             Event::Lost(err) => {
-                eprintln!("redlock: the lock was lost while the command ran: {err}");
+                // A validity that ran out says only that: the nodes' reasons are the last
+                // failed extension's.
+                let failure = match auto.lease().extension_failure() {
+                    Some(failure) if err.nodes().is_empty() => {
+                        format!(" (the last extension: {})", naming_silent_nodes(&failure))
+                    }
+                    _ => String::new(),
+                };
+                eprintln!(
+                    "redlock: {}: the lock was lost while the command ran: {err}{failure}",
+                    args.resource
+                );
                 if let Some(group) = group {
                     let _ = killpg(group, args.lost_signal);
                     if tokio::time::timeout(args.kill_after, child.wait()).await.is_err() {
@@ -289,9 +302,22 @@ pub(crate) async fn run(options: &Options, args: RunArgs) -> u8 {
                 if left > grace || auto.lease().is_lost() {
                     continue;
                 }
+                // The nodes' reasons are what an operator acts on (which nodes, refused or
+                // silent), so the failed extension's error is printed whole.
+                let why = match (auto.lease().extension_failure(), args.max_hold) {
+                    (Some(failure), _) => naming_silent_nodes(&failure),
+                    // The extender stops within a third of the lease of the cap.
+                    (None, Some(max_hold))
+                        if held_since.elapsed() + grace + options.ttl / 3 >= max_hold =>
+                    {
+                        format!("--max-hold {} reached", humantime::format_duration(max_hold))
+                    }
+                    (None, _) => "no extension landed in time".to_owned(),
+                };
+                eprintln!("redlock: {}: the lock could not be kept: {why}", args.resource);
                 eprintln!(
-                    "redlock: the lock could not be kept (extensions failed): sending {} with {left:?} of its validity left, SIGKILL when it ends",
-                    args.lost_signal
+                    "redlock: {}: sending {} with {left:?} of its validity left, SIGKILL when it ends",
+                    args.resource, args.lost_signal
                 );
                 if let Some(group) = group {
                     let _ = killpg(group, args.lost_signal);
@@ -306,6 +332,21 @@ pub(crate) async fn run(options: &Options, args: RunArgs) -> u8 {
             }
         }
     }
+}
+
+/// `err` as its `Display` says it, with the nodes that did not answer named too: the
+/// `Display` names the nodes that gave a reason (refused, failed) and only counts the
+/// silent ones, and which nodes those are is what an operator looks for first.
+fn naming_silent_nodes(err: &redlock::Error) -> String {
+    let mut text = err.to_string();
+    for silent in [NodeOutcome::TimedOut, NodeOutcome::Pending] {
+        let nodes: Vec<&str> =
+            (err.nodes().iter()).filter(|r| *r.outcome() == silent).map(|r| r.node()).collect();
+        if !nodes.is_empty() {
+            text.push_str(&format!(" [{}: {silent}]", nodes.join(", ")));
+        }
+    }
+    text
 }
 
 /// How many more attempts a split vote gets, within [`SPLIT_VOTE_WINDOW`] of the first.

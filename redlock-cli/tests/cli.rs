@@ -537,6 +537,8 @@ fn max_hold_ends_the_run_with_the_lost_signal_asked_for_and_124() {
     let child = run_looping(&cluster, Some("1500ms"), &args, &traps, &started);
     let output = finish(child, Duration::from_secs(10));
     assert_eq!(output.status.code(), Some(124), "{}", text(&output.stderr));
+    let shown = text(&output.stderr);
+    assert!(shown.contains("job: the lock could not be kept: --max-hold 2s reached"), "{shown}");
     assert!(got.exists(), "the command's group got USR1");
     // The cap less a third of the 1.5 s lease, and a little for the clock.
     assert!(began.elapsed() >= Duration::from_millis(1400), "ended long before --max-hold");
@@ -1042,6 +1044,36 @@ fn with_a_majority_killed_the_command_is_dead_before_another_run_gets_the_lock()
     assert!(got.exists(), "the command got TERM first");
     let seen = std::fs::read_to_string(&seen).unwrap();
     assert_eq!(seen.trim(), "dead", "first: {}", text(&first.stderr));
+}
+
+/// With a majority of nodes failing under a running command, the line that says the lock
+/// could not be kept names each failing node and its cause, from the failed extension's
+/// error: killed nodes are unreachable (their connections refused), paused ones time out.
+#[test]
+fn a_lock_that_could_not_be_kept_names_each_failing_node_and_its_cause() {
+    for (fault, cause) in [("killed", "unreachable"), ("paused", "timed out")] {
+        let mut cluster = cluster(3);
+        let started = scratch().join("started");
+        let run = run_looping(&cluster, Some("1500ms"), &["job"], "true", &started);
+        for i in [1, 2] {
+            match fault {
+                "killed" => cluster.node_mut(i).kill().unwrap(),
+                _ => cluster.node_mut(i).pause().unwrap(),
+            }
+        }
+        let output = finish(run, Duration::from_secs(20));
+        let shown = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(124), "{fault}: {shown}");
+        let line = (shown.lines())
+            .find(|line| line.starts_with("redlock: job: the lock could not be kept: "))
+            .unwrap_or_else(|| panic!("{fault}: no line saying why: {shown}"));
+        assert!(line.contains(cause), "{fault}: {line}");
+        for i in [1, 2] {
+            let node = format!(":{}/", cluster.node(i).port());
+            assert!(line.contains(&node), "{fault}: node {i} is not named: {line}");
+        }
+        assert!(!line.contains(&format!(":{}/", cluster.node(0).port())), "{line}");
+    }
 }
 
 /// Machine A, whose clock is 1.9 s ahead (clocks within the documented 2 s lead), ran the

@@ -951,6 +951,108 @@ fn once_per_runs_the_job_once_per_window_and_a_failed_job_is_run_by_another_mach
     }
 }
 
+/// Waits for the next `--once-per 1h` window if less than 30 s of the current one is left:
+/// a test's runs must all fall in one window.
+fn an_hour_window_with_room() {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    let (period, lead, now) = (3_600_000u128, 2_000u128, now.as_millis());
+    let end = ((now + lead) / period + 1) * period - lead;
+    if end - now < 30_000 {
+        std::thread::sleep(Duration::from_millis(u64::try_from(end - now).unwrap() + 100));
+    }
+}
+
+/// In a `--once-per 1h` window whose job succeeded, a run waiting with `wait` (started while
+/// the job ran, and one started after it) exits with `code` within a few seconds of the
+/// job's end, without running its command: the job marked the window done.
+fn a_done_window_ends_the_wait(make: &dyn Fn() -> Command, wait: &str, extra: &[&str], code: i32) {
+    an_hour_window_with_room();
+    let dir = scratch();
+    let (started, ran) = (dir.join("started"), dir.join("ran"));
+    let job = |name: &str| {
+        format!("touch {}; sleep 1; echo {name} >> {}", started.display(), ran.display())
+    };
+    let run = |wait: &str, name: &str| {
+        make()
+            .args(["run", "--once-per", "1h", "--wait", wait])
+            .args(extra)
+            .arg("draw")
+            .args(sh(&job(name)))
+            .spawn()
+            .unwrap()
+    };
+    let first = run("0", "first");
+    assert!(wait_for(&started, Duration::from_secs(5)), "the job never started");
+    let during = run(wait, "during");
+    let first = finish(first, Duration::from_secs(10));
+    let done = Instant::now();
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+    let during = finish(during, Duration::from_secs(15));
+    let stopped = done.elapsed();
+    assert_eq!(during.status.code(), Some(code), "{}", text(&during.stderr));
+    assert!(text(&during.stderr).contains("this window's job is done"), "{}", text(&during.stderr));
+    assert!(stopped < Duration::from_secs(3), "waited {stopped:?} after the job's end");
+    let began = Instant::now();
+    let after = finish(run(wait, "after"), Duration::from_secs(15));
+    assert_eq!(after.status.code(), Some(code), "{}", text(&after.stderr));
+    assert!(began.elapsed() < Duration::from_secs(3), "waited {:?}", began.elapsed());
+    assert_eq!(std::fs::read_to_string(&ran).unwrap(), "first\n");
+}
+
+#[test]
+fn a_run_waiting_10s_in_a_window_whose_job_is_done_exits_75_at_once_without_running() {
+    let cluster = cluster(3);
+    a_done_window_ends_the_wait(&|| redlock(&cluster), "10s", &[], 75);
+}
+
+#[test]
+fn a_run_waiting_forever_in_a_window_whose_job_is_done_exits_75_at_once_without_running() {
+    let cluster = cluster(3);
+    a_done_window_ends_the_wait(&|| redlock(&cluster), "forever", &[], 75);
+}
+
+/// With the conflict code asked for, as an ACL user with only the README's locking rules
+/// and a key prefix: the marks are keys under the prefix, written and read with `SET` and
+/// `GET`.
+#[test]
+fn a_run_waiting_in_a_done_window_exits_with_the_conflict_code_asked_for() {
+    let cluster = cluster(3);
+    let make = || redlock_as(&cluster, "locking", &["locking"]);
+    a_done_window_ends_the_wait(&make, "10s", &["--conflict-exit-code", "9"], 9);
+    let marked = cluster.keys_everywhere("app:draw:redlock-done:*").unwrap();
+    assert_eq!(marked, 3, "the mark is on every node, under the prefix");
+}
+
+/// A run waiting for a job still in progress gets the lock when that job fails (its lock
+/// released at once) and runs; its own success then marks the window done for the next.
+#[test]
+fn a_run_waiting_for_a_job_in_progress_that_fails_gets_the_lock_and_runs() {
+    let cluster = cluster(3);
+    an_hour_window_with_room();
+    let dir = scratch();
+    let (started, ran) = (dir.join("started"), dir.join("ran"));
+    let run = |wait: &str, script: &str| {
+        redlock(&cluster)
+            .args(["run", "--once-per", "1h", "--wait", wait, "draw"])
+            .args(sh(script))
+            .spawn()
+            .unwrap()
+    };
+    let first = run("0", &format!("touch {}; sleep 1; exit 3", started.display()));
+    assert!(wait_for(&started, Duration::from_secs(5)), "the job never started");
+    let waiter = run("10s", &format!("echo waiter >> {}", ran.display()));
+    let first = finish(first, Duration::from_secs(10));
+    assert_eq!(first.status.code(), Some(3), "{}", text(&first.stderr));
+    let waiter = finish(waiter, Duration::from_secs(15));
+    assert_eq!(waiter.status.code(), Some(0), "{}", text(&waiter.stderr));
+    let began = Instant::now();
+    let after =
+        finish(run("10s", &format!("echo after >> {}", ran.display())), Duration::from_secs(15));
+    assert_eq!(after.status.code(), Some(75), "{}", text(&after.stderr));
+    assert!(began.elapsed() < Duration::from_secs(3), "waited {:?}", began.elapsed());
+    assert_eq!(std::fs::read_to_string(&ran).unwrap(), "waiter\n");
+}
+
 /// How many `SET`s node `i` has run (its command statistics).
 /// How many scripts node `i` ran (`EVALSHA`, and `EVAL` after a script cache flush): each
 /// acquisition attempt is one, as is each release or clean-up.

@@ -1023,6 +1023,33 @@ fn a_run_waiting_in_a_done_window_exits_with_the_conflict_code_asked_for() {
     assert_eq!(marked, 3, "the mark is on every node, under the prefix");
 }
 
+/// A window whose job succeeded but whose kept lock was lost (freed by hand here, as by
+/// nodes restarted empty) is still done: a run granted the lock in it reads the mark and
+/// gives the lock back without running, even with `--wait 0`.
+#[test]
+fn a_run_granted_in_a_window_marked_done_gives_the_lock_back_without_running() {
+    let cluster = cluster(3);
+    an_hour_window_with_room();
+    let ran = scratch().join("ran");
+    let run = |name: &str| {
+        redlock(&cluster)
+            .args(["run", "--once-per", "1h", "--wait", "0", "draw"])
+            .args(sh(&format!("echo {name} >> {}", ran.display())))
+            .output()
+            .unwrap()
+    };
+    let first = run("first");
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+    let freed = redlock(&cluster).args(["release", "--force", "--yes", "draw"]).output().unwrap();
+    assert_eq!(freed.status.code(), Some(0), "{}", text(&freed.stderr));
+    assert_eq!(cluster.count_key("draw"), 0, "the kept lock is gone");
+    let second = run("second");
+    assert_eq!(second.status.code(), Some(75), "{}", text(&second.stderr));
+    assert!(text(&second.stderr).contains("this window's job is done"), "{}", text(&second.stderr));
+    assert_eq!(std::fs::read_to_string(&ran).unwrap(), "first\n");
+    assert_eq!(cluster.count_key("draw"), 0, "the lock was given back");
+}
+
 /// A run waiting for a job still in progress gets the lock when that job fails (its lock
 /// released at once) and runs; its own success then marks the window done for the next.
 #[test]

@@ -93,9 +93,19 @@ pub(crate) async fn inspect(options: &Options, args: InspectArgs) -> u8 {
             }
         }
         let n = seen.nodes.len();
+        // How many nodes said so, not the quorum alone: "a quorum" read as all of them.
+        let on = |holder: Option<&str>| {
+            seen.nodes.iter().filter(|v| v.error.is_none() && v.holder.as_deref() == holder).count()
+        };
         match (&seen.holder, verdict) {
-            (Some(holder), _) => println!("held by {holder} on a quorum ({quorum} of {n})"),
-            (None, Verdict::Settled) => println!("no holder on a quorum ({quorum} of {n})"),
+            (Some(holder), _) => {
+                let holding = on(Some(holder));
+                println!("held by {holder} on {holding} of {n} nodes (quorum {quorum})")
+            }
+            (None, Verdict::Settled) => {
+                let free = on(None);
+                println!("no holder on a quorum: free on {free} of {n} nodes (quorum {quorum})")
+            }
             (None, Verdict::Unknown) => println!(
                 "unknown: too few nodes answered to tell whether a quorum ({quorum} of {n}) holds it"
             ),

@@ -2,7 +2,7 @@
 //!
 //! Exit codes of `redlock run`: the command's own status (128 + N if it died of signal N);
 //! 75 when the lock is held elsewhere (`--conflict-exit-code`; with `--once-per`, also when
-//! it was kept by this window's run); 124 when the lock was lost, or could not be kept, while
+//! it was kept, or the window marked done, by this window's run); 124 when the lock was lost, or could not be kept, while
 //! the command ran; 125 for redlock's own failure (configuration, nodes unavailable);
 //! 126 when the command cannot be executed, 127 when it is not found; 128 + N when redlock
 //! itself got signal N while waiting for the lock.
@@ -10,6 +10,7 @@
 mod admin;
 mod check;
 mod config;
+mod done;
 mod held;
 mod once;
 mod run;

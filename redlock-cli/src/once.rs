@@ -50,6 +50,12 @@ impl Window {
         self.left(now).saturating_sub(self.closing)
     }
 
+    /// When it ends, in milliseconds since the Unix epoch: the same for every run of the
+    /// window, whichever machine's clock it read.
+    pub(crate) fn end_millis(&self) -> u128 {
+        self.end.as_millis()
+    }
+
     /// What is left of the window at `now` (zero once it is over).
     pub(crate) fn left(&self, now: SystemTime) -> Duration {
         let since_epoch = now.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();

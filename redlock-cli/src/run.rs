@@ -11,6 +11,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
 use crate::config::{Options, Wait, parse_signal, parse_wait};
+use crate::done::{self, Marks, Seen};
 use crate::held;
 use crate::once::Window;
 use crate::{EXIT_CONFLICT, EXIT_FAILURE, EXIT_LOST, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND};
@@ -35,11 +36,17 @@ With --once-per D the command runs once per window of length D: windows are fixe
 UTC time aligned to the Unix epoch (1d: UTC days; 1h: hours; 5m: :00, :05, ...), each
 beginning 2 s (or a tenth of D, if shorter) before its boundary, and a run belongs to the
 window in which it starts. When the command succeeds the lock is not released but kept until
-the window ends, so a late start, a retry or a waiting run in that window exits with the
-conflict code; a run stops trying the lead before its window ends (--wait never waits past
-that), and one granted after that gives the lock back without running the command, as the
-window's kept lock may just have expired by a clock ahead of its own. When the command fails the lock is
-released at once, so another machine may run it. Schedule the job inside its window (e.g.
+the window ends, so a late start or a retry in that window exits with the conflict code;
+the successful run also marks the window done on every node (a key under the lock's key,
+<prefix><RESOURCE>:redlock-done:<window end in ms>, set with SET and expiring at the
+window's end), and a waiting run (--wait 30s, --wait forever) that reads the mark on a
+quorum of nodes exits with the conflict code at once (it reads the mark as it starts, then
+about every half second while it waits) instead of waiting out the kept lock. A run still in
+progress is waited for: if its command fails, the lock is released at once, so a waiting run
+(or another machine) gets it and runs the command. A run stops trying the lead before its
+window ends (--wait never waits past that), and one granted after that, or granted in a
+window marked done, gives the lock back without running the command, as the window's kept
+lock may just have expired by a clock ahead of its own. Schedule the job inside its window (e.g.
 `0 2 * * *` with --once-per 1d), with clocks synchronised to within the lead, and make it
 shorter than the window.
 
@@ -148,6 +155,10 @@ pub(crate) async fn run(options: &Options, args: RunArgs) -> u8 {
     };
     let (permits, fenced) = (args.permits, args.fenced);
     let request = || held::acquire(&rl, &args.resource, permits, options.ttl, fenced, retry);
+    let mut marks = window.map(|window| Marks::new(options, &args.resource, window));
+    // A waiting run watches for the window's job to be marked done: the lock a successful
+    // run keeps looks to its attempts like a run in progress, and would be waited out.
+    let watched = marks.as_mut().filter(|_| retry.is_some());
     let acquired = tokio::select! {
         acquired = retrying_split_votes(request) => acquired,
         Some(sig) = signals.recv() => {
@@ -155,6 +166,12 @@ pub(crate) async fn run(options: &Options, args: RunArgs) -> u8 {
             // background, and shutdown waits for that.
             shut_down(&rl).await;
             return 128 + sig as u8;
+        }
+        seen = until_done(watched, rl.quorum()) => {
+            // As for a signal, the attempt in flight is dropped and cleaned up.
+            eprintln!("redlock: {}: {}", args.resource, done_already(seen, rl.quorum()));
+            shut_down(&rl).await;
+            return args.conflict_exit_code;
         }
     };
     let lock = match acquired {
@@ -191,6 +208,19 @@ pub(crate) async fn run(options: &Options, args: RunArgs) -> u8 {
         shut_down(&rl).await;
         return args.conflict_exit_code;
     }
+    if let Some(marks) = &mut marks {
+        // Granted although the job is done: the kept lock was lost (nodes restarted empty,
+        // or it could not be kept), and the marks, written before it was kept, say so.
+        let seen = marks.read().await;
+        if seen.done >= rl.quorum() {
+            eprintln!("redlock: {}: {}", args.resource, done_already(seen, rl.quorum()));
+            if let Err(err) = lock.release().await {
+                eprintln!("redlock: release: {err}");
+            }
+            shut_down(&rl).await;
+            return args.conflict_exit_code;
+        }
+    }
 
     let mut command = tokio::process::Command::new(&args.command[0]);
     command
@@ -204,6 +234,7 @@ pub(crate) async fn run(options: &Options, args: RunArgs) -> u8 {
     if let Some(token) = lock.fencing_token() {
         command.env("REDLOCK_FENCING_TOKEN", token.to_string());
     }
+    let token = lock.token().to_owned();
     let mut child = match command.spawn() {
         Ok(child) => child,
         Err(err) => {
@@ -220,6 +251,8 @@ pub(crate) async fn run(options: &Options, args: RunArgs) -> u8 {
     };
     // Its own process group: the group id is the child's pid.
     let group = child.id().and_then(|pid| i32::try_from(pid).ok()).map(Pid::from_raw);
+    // Before the extender starts, so that its cap is never reached before this one's.
+    let held_since = tokio::time::Instant::now();
     let auto = match args.max_hold {
         Some(max_hold) => lock.auto_extend_capped(max_hold),
         None => lock.auto_extend(),
@@ -251,10 +284,24 @@ pub(crate) async fn run(options: &Options, args: RunArgs) -> u8 {
                         EXIT_FAILURE
                     }
                 };
-                match window {
+                match (window, &mut marks) {
                     // Kept, not released: a later run in the window must find it held. A
                     // job that outlived its window releases: the next window's run is due.
-                    Some(window) if code == 0 && !window.left(SystemTime::now()).is_zero() => {
+                    (Some(window), Some(marks))
+                        if code == 0 && !window.left(SystemTime::now()).is_zero() =>
+                    {
+                        // Marked before it is kept: runs waiting in the window stop at once
+                        // rather than wait out a lock that will never be given back.
+                        let seen = marks.mark(&token, window.left(SystemTime::now())).await;
+                        if seen.done < rl.quorum() {
+                            eprintln!(
+                                "redlock: {}: the job is marked done on {} of {} nodes (quorum {}): runs waiting in this window wait until it ends",
+                                args.resource,
+                                seen.done,
+                                seen.of,
+                                rl.quorum()
+                            );
+                        }
                         if let Err(err) = auto.keep_for(window.left(SystemTime::now())).await {
                             eprintln!(
                                 "redlock: the lock could not be kept until the window ends (another run in it may run the command again): {err}"
@@ -271,7 +318,18 @@ pub(crate) async fn run(options: &Options, args: RunArgs) -> u8 {
                 return code;
             }
             Event::Lost(err) => {
-                eprintln!("redlock: the lock was lost while the command ran: {err}");
+                // A validity that ran out says only that: the nodes' reasons are the last
+                // failed extension's.
+                let failure = match auto.lease().extension_failure() {
+                    Some(failure) if err.nodes().is_empty() => {
+                        format!(" (the last extension: {})", failure)
+                    }
+                    _ => String::new(),
+                };
+                eprintln!(
+                    "redlock: {}: the lock was lost while the command ran: {err}{failure}",
+                    args.resource
+                );
                 if let Some(group) = group {
                     let _ = killpg(group, args.lost_signal);
                     if tokio::time::timeout(args.kill_after, child.wait()).await.is_err() {
@@ -289,9 +347,22 @@ pub(crate) async fn run(options: &Options, args: RunArgs) -> u8 {
                 if left > grace || auto.lease().is_lost() {
                     continue;
                 }
+                // The nodes' reasons are what an operator acts on (which nodes, refused or
+                // silent), so the failed extension's error is printed whole.
+                let why = match (auto.lease().extension_failure(), args.max_hold) {
+                    (Some(failure), _) => failure.to_string(),
+                    // The extender stops within a third of the lease of the cap.
+                    (None, Some(max_hold))
+                        if held_since.elapsed() + grace + options.ttl / 3 >= max_hold =>
+                    {
+                        format!("--max-hold {} reached", humantime::format_duration(max_hold))
+                    }
+                    (None, _) => "no extension landed in time".to_owned(),
+                };
+                eprintln!("redlock: {}: the lock could not be kept: {why}", args.resource);
                 eprintln!(
-                    "redlock: the lock could not be kept (extensions failed): sending {} with {left:?} of its validity left, SIGKILL when it ends",
-                    args.lost_signal
+                    "redlock: {}: sending {} with {left:?} of its validity left, SIGKILL when it ends",
+                    args.resource, args.lost_signal
                 );
                 if let Some(group) = group {
                     let _ = killpg(group, args.lost_signal);
@@ -306,6 +377,27 @@ pub(crate) async fn run(options: &Options, args: RunArgs) -> u8 {
             }
         }
     }
+}
+
+/// Completes when a quorum of the nodes holds the window's mark (read at once, then every
+/// [`done::POLL`]); never without marks to watch.
+async fn until_done(marks: Option<&mut Marks>, quorum: usize) -> Seen {
+    let Some(marks) = marks else { return std::future::pending().await };
+    loop {
+        let seen = marks.read().await;
+        if seen.done >= quorum {
+            return seen;
+        }
+        tokio::time::sleep(done::POLL).await;
+    }
+}
+
+/// Why a run of a window whose job is done does not run it.
+fn done_already(seen: Seen, quorum: usize) -> String {
+    format!(
+        "this window's job is done (marked on {} of {} nodes, quorum {quorum}): not running",
+        seen.done, seen.of
+    )
 }
 
 /// How many more attempts a split vote gets, within [`SPLIT_VOTE_WINDOW`] of the first.

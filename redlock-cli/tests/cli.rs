@@ -325,9 +325,39 @@ fn inspect_shows_the_holder_and_its_lease_per_node() {
     assert!(shown.contains("pttl"), "{shown}");
     let json = text(&redlock(&cluster).args(["inspect", "--json", "job"]).output().unwrap().stdout);
     assert!(json.contains(&format!("\"holder\":\"{}\"", lock.token())), "{json}");
+    let held = format!("held by {} on 3 of 3 nodes (quorum 2)", lock.token());
+    assert!(shown.lines().any(|line| line == held), "{shown}");
     runtime.block_on(lock.release()).unwrap();
     let free = text(&redlock(&cluster).args(["inspect", "job"]).output().unwrap().stdout);
-    assert!(free.contains("no holder on a quorum"), "{free}");
+    let line = "no holder on a quorum: free on 3 of 3 nodes (quorum 2)";
+    assert!(free.lines().any(|l| l == line), "{free}");
+}
+
+/// The verdict line counts the nodes that said so, not only the quorum: a lock held on
+/// every node of five is held "on 5 of 5 nodes", never "on a quorum (3 of 5)", which reads
+/// as three.
+#[test]
+fn inspect_counts_the_nodes_that_hold_the_lock_and_those_that_are_free() {
+    let cluster = cluster(5);
+    let verdict = || {
+        let output = redlock(&cluster).args(["inspect", "job"]).output().unwrap();
+        assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+        text(&output.stdout).lines().last().unwrap_or_default().to_owned()
+    };
+    for i in 0..5 {
+        cluster.node(i).command(&["SET", "job", "owner-a", "PX", "20000"]).unwrap();
+    }
+    assert_eq!(verdict(), "held by owner-a on 5 of 5 nodes (quorum 3)");
+    cluster.node(0).command(&["DEL", "job"]).unwrap();
+    cluster.node(1).command(&["DEL", "job"]).unwrap();
+    assert_eq!(verdict(), "held by owner-a on 3 of 5 nodes (quorum 3)");
+    cluster.node(2).command(&["DEL", "job"]).unwrap();
+    assert_eq!(verdict(), "no holder on a quorum: free on 3 of 5 nodes (quorum 3)");
+    cluster.node(3).command(&["SET", "job", "owner-b", "PX", "20000"]).unwrap();
+    assert_eq!(verdict(), "no holder on a quorum: free on 3 of 5 nodes (quorum 3)");
+    cluster.node(3).command(&["DEL", "job"]).unwrap();
+    cluster.node(4).command(&["DEL", "job"]).unwrap();
+    assert_eq!(verdict(), "no holder on a quorum: free on 5 of 5 nodes (quorum 3)");
 }
 
 fn check(urls: &[String]) -> (Option<i32>, String) {
@@ -507,6 +537,8 @@ fn max_hold_ends_the_run_with_the_lost_signal_asked_for_and_124() {
     let child = run_looping(&cluster, Some("1500ms"), &args, &traps, &started);
     let output = finish(child, Duration::from_secs(10));
     assert_eq!(output.status.code(), Some(124), "{}", text(&output.stderr));
+    let shown = text(&output.stderr);
+    assert!(shown.contains("job: the lock could not be kept: --max-hold 2s reached"), "{shown}");
     assert!(got.exists(), "the command's group got USR1");
     // The cap less a third of the 1.5 s lease, and a little for the clock.
     assert!(began.elapsed() >= Duration::from_millis(1400), "ended long before --max-hold");
@@ -919,6 +951,135 @@ fn once_per_runs_the_job_once_per_window_and_a_failed_job_is_run_by_another_mach
     }
 }
 
+/// Waits for the next `--once-per 1h` window if less than 30 s of the current one is left:
+/// a test's runs must all fall in one window.
+fn an_hour_window_with_room() {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    let (period, lead, now) = (3_600_000u128, 2_000u128, now.as_millis());
+    let end = ((now + lead) / period + 1) * period - lead;
+    if end - now < 30_000 {
+        std::thread::sleep(Duration::from_millis(u64::try_from(end - now).unwrap() + 100));
+    }
+}
+
+/// In a `--once-per 1h` window whose job succeeded, a run waiting with `wait` (started while
+/// the job ran, and one started after it) exits with `code` within a few seconds of the
+/// job's end, without running its command: the job marked the window done.
+fn a_done_window_ends_the_wait(make: &dyn Fn() -> Command, wait: &str, extra: &[&str], code: i32) {
+    an_hour_window_with_room();
+    let dir = scratch();
+    let (started, ran) = (dir.join("started"), dir.join("ran"));
+    let job = |name: &str| {
+        format!("touch {}; sleep 1; echo {name} >> {}", started.display(), ran.display())
+    };
+    let run = |wait: &str, name: &str| {
+        make()
+            .args(["run", "--once-per", "1h", "--wait", wait])
+            .args(extra)
+            .arg("draw")
+            .args(sh(&job(name)))
+            .spawn()
+            .unwrap()
+    };
+    let first = run("0", "first");
+    assert!(wait_for(&started, Duration::from_secs(5)), "the job never started");
+    let during = run(wait, "during");
+    let first = finish(first, Duration::from_secs(10));
+    let done = Instant::now();
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+    let during = finish(during, Duration::from_secs(15));
+    let stopped = done.elapsed();
+    assert_eq!(during.status.code(), Some(code), "{}", text(&during.stderr));
+    assert!(text(&during.stderr).contains("this window's job is done"), "{}", text(&during.stderr));
+    assert!(stopped < Duration::from_secs(3), "waited {stopped:?} after the job's end");
+    let began = Instant::now();
+    let after = finish(run(wait, "after"), Duration::from_secs(15));
+    assert_eq!(after.status.code(), Some(code), "{}", text(&after.stderr));
+    assert!(began.elapsed() < Duration::from_secs(3), "waited {:?}", began.elapsed());
+    assert_eq!(std::fs::read_to_string(&ran).unwrap(), "first\n");
+}
+
+#[test]
+fn a_run_waiting_10s_in_a_window_whose_job_is_done_exits_75_at_once_without_running() {
+    let cluster = cluster(3);
+    a_done_window_ends_the_wait(&|| redlock(&cluster), "10s", &[], 75);
+}
+
+#[test]
+fn a_run_waiting_forever_in_a_window_whose_job_is_done_exits_75_at_once_without_running() {
+    let cluster = cluster(3);
+    a_done_window_ends_the_wait(&|| redlock(&cluster), "forever", &[], 75);
+}
+
+/// With the conflict code asked for, as an ACL user with only the README's locking rules
+/// and a key prefix: the marks are keys under the prefix, written and read with `SET` and
+/// `GET`.
+#[test]
+fn a_run_waiting_in_a_done_window_exits_with_the_conflict_code_asked_for() {
+    let cluster = cluster(3);
+    let make = || redlock_as(&cluster, "locking", &["locking"]);
+    a_done_window_ends_the_wait(&make, "10s", &["--conflict-exit-code", "9"], 9);
+    let marked = cluster.keys_everywhere("app:draw:redlock-done:*").unwrap();
+    assert_eq!(marked, 3, "the mark is on every node, under the prefix");
+}
+
+/// A window whose job succeeded but whose kept lock was lost (freed by hand here, as by
+/// nodes restarted empty) is still done: a run granted the lock in it reads the mark and
+/// gives the lock back without running, even with `--wait 0`.
+#[test]
+fn a_run_granted_in_a_window_marked_done_gives_the_lock_back_without_running() {
+    let cluster = cluster(3);
+    an_hour_window_with_room();
+    let ran = scratch().join("ran");
+    let run = |name: &str| {
+        redlock(&cluster)
+            .args(["run", "--once-per", "1h", "--wait", "0", "draw"])
+            .args(sh(&format!("echo {name} >> {}", ran.display())))
+            .output()
+            .unwrap()
+    };
+    let first = run("first");
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+    let freed = redlock(&cluster).args(["release", "--force", "--yes", "draw"]).output().unwrap();
+    assert_eq!(freed.status.code(), Some(0), "{}", text(&freed.stderr));
+    assert_eq!(cluster.count_key("draw"), 0, "the kept lock is gone");
+    let second = run("second");
+    assert_eq!(second.status.code(), Some(75), "{}", text(&second.stderr));
+    assert!(text(&second.stderr).contains("this window's job is done"), "{}", text(&second.stderr));
+    assert_eq!(std::fs::read_to_string(&ran).unwrap(), "first\n");
+    assert_eq!(cluster.count_key("draw"), 0, "the lock was given back");
+}
+
+/// A run waiting for a job still in progress gets the lock when that job fails (its lock
+/// released at once) and runs; its own success then marks the window done for the next.
+#[test]
+fn a_run_waiting_for_a_job_in_progress_that_fails_gets_the_lock_and_runs() {
+    let cluster = cluster(3);
+    an_hour_window_with_room();
+    let dir = scratch();
+    let (started, ran) = (dir.join("started"), dir.join("ran"));
+    let run = |wait: &str, script: &str| {
+        redlock(&cluster)
+            .args(["run", "--once-per", "1h", "--wait", wait, "draw"])
+            .args(sh(script))
+            .spawn()
+            .unwrap()
+    };
+    let first = run("0", &format!("touch {}; sleep 1; exit 3", started.display()));
+    assert!(wait_for(&started, Duration::from_secs(5)), "the job never started");
+    let waiter = run("10s", &format!("echo waiter >> {}", ran.display()));
+    let first = finish(first, Duration::from_secs(10));
+    assert_eq!(first.status.code(), Some(3), "{}", text(&first.stderr));
+    let waiter = finish(waiter, Duration::from_secs(15));
+    assert_eq!(waiter.status.code(), Some(0), "{}", text(&waiter.stderr));
+    let began = Instant::now();
+    let after =
+        finish(run("10s", &format!("echo after >> {}", ran.display())), Duration::from_secs(15));
+    assert_eq!(after.status.code(), Some(75), "{}", text(&after.stderr));
+    assert!(began.elapsed() < Duration::from_secs(3), "waited {:?}", began.elapsed());
+    assert_eq!(std::fs::read_to_string(&ran).unwrap(), "waiter\n");
+}
+
 /// How many `SET`s node `i` has run (its command statistics).
 /// How many scripts node `i` ran (`EVALSHA`, and `EVAL` after a script cache flush): each
 /// acquisition attempt is one, as is each release or clean-up.
@@ -1012,6 +1173,41 @@ fn with_a_majority_killed_the_command_is_dead_before_another_run_gets_the_lock()
     assert!(got.exists(), "the command got TERM first");
     let seen = std::fs::read_to_string(&seen).unwrap();
     assert_eq!(seen.trim(), "dead", "first: {}", text(&first.stderr));
+}
+
+/// With a majority of nodes failing under a running command, the line that says the lock
+/// could not be kept names each failing node and its cause, from the failed extension's
+/// error: killed nodes are unreachable (their connections refused), paused ones time out.
+/// (A 3 s lease and a 200 ms connect timeout: an extension to a paused node, reconnecting,
+/// fails well before the lost signal is due, a third of the lease before its end.)
+#[test]
+fn a_lock_that_could_not_be_kept_names_each_failing_node_and_its_cause() {
+    for (fault, cause) in [("killed", "unreachable"), ("paused", "timed out")] {
+        let mut cluster = cluster(3);
+        let started = scratch().join("started");
+        let mut command = redlock(&cluster);
+        command.env("REDLOCK_TTL", "3s").env("REDLOCK_CONNECT_TIMEOUT", "200ms");
+        let run = command.args(["run", "job"]).args(sh(&looping("true", &started))).spawn();
+        let run = run.unwrap();
+        assert!(wait_for(&started, Duration::from_secs(5)), "the command never started");
+        for i in [1, 2] {
+            match fault {
+                "killed" => cluster.node_mut(i).kill().unwrap(),
+                _ => cluster.node_mut(i).pause().unwrap(),
+            }
+        }
+        let output = finish(run, Duration::from_secs(20));
+        let shown = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(124), "{fault}: {shown}");
+        let line = (shown.lines())
+            .find(|line| line.starts_with("redlock: job: the lock could not be kept: "))
+            .unwrap_or_else(|| panic!("{fault}: no line saying why: {shown}"));
+        assert!(line.contains(cause), "{fault}: {line}");
+        for i in [1, 2] {
+            let node = format!(":{}/", cluster.node(i).port());
+            assert!(line.contains(&node), "{fault}: node {i} is not named: {line}");
+        }
+    }
 }
 
 /// Machine A, whose clock is 1.9 s ahead (clocks within the documented 2 s lead), ran the

@@ -529,10 +529,10 @@ impl fmt::Display for Error {
         write!(f, "; after {:?})", round.elapsed)?;
         // What the failing nodes said, once per distinct reason: the reason is what an
         // operator acts on (a refused certificate, a missing ACL permission, a node that
-        // timed out).
+        // timed out or had not answered).
         let mut reasons: Vec<(String, Vec<&str>)> = Vec::new();
         for report in round.nodes.iter() {
-            if !report.outcome.is_fault() {
+            if !report.outcome.is_fault() && report.outcome != NodeOutcome::Pending {
                 continue;
             }
             let reason = report.outcome.to_string();

@@ -142,6 +142,14 @@ impl Lease {
         }
     }
 
+    /// Why the last extension failed, while extensions are being retried (too few nodes
+    /// answered: each node's outcome is in the error); `None` before any failed and once one
+    /// succeeded again. Says why a validity is running out before [`lost()`](Lease::lost)
+    /// completes (whose error then carries the same outcomes).
+    pub fn extension_failure(&self) -> Option<Error> {
+        self.status.borrow().failed.clone()
+    }
+
     /// Why the lock is no longer held, if it is not.
     fn end(&self) -> Option<End> {
         let status = self.status.borrow();

@@ -1119,10 +1119,11 @@ fn a_handover_behind_an_idle_runtime_waits_for_it_and_shutdown_keeps_its_deadlin
     let waited = started.elapsed();
     eprintln!("shutdown while A idles: {waited:?}, {result:?}");
     assert!(waited < Duration::from_millis(600), "shutdown waited {waited:?}");
-    let err = result.expect_err("a release was still in flight on node 4");
-    assert_eq!(err.kind(), ErrorKind::Shutdown);
+    // Released on a quorum: `Ok`, naming node 4, where a release was still in flight.
+    let report = result.expect("released on a quorum");
     let node4 = faulty.urls()[4].trim_start_matches("redis://").to_string();
-    assert!(err.to_string().contains(&node4), "{err}");
+    let unconfirmed: Vec<&str> = report.unconfirmed().map(|node| node.node()).collect();
+    assert_eq!(unconfirmed, [format!("{node4}/0")], "{report}");
     // A runs again: a1's acquisition completes, a1's release goes, a2's acquisition times
     // out unsent (its node timeout passed while A idled), a2's release goes.
     runtime_a.block_on(async {

@@ -204,6 +204,9 @@ async fn a_waiting_writer_blocks_new_readers_and_is_woken_by_the_last_release() 
     assert!(err.writers_waiting() >= 2, "{err}");
     assert!(err.to_string().contains("a writer waits"), "{err}");
     assert!(!err.to_string().contains("held by another owner"), "{err}");
+    // A reader holds it on every node: the message must not say that no one does.
+    assert!(err.to_string().contains("no writer holds it on a quorum; readers may"), "{err}");
+    assert!(!err.to_string().contains("no one holds it"), "{err}");
     assert!(!err.is_split_vote());
 
     let released = Instant::now();

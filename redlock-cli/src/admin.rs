@@ -226,9 +226,11 @@ impl Verdict {
 /// A node's refusal of the user (a missing ACL rule, a refused login), as opposed to a node
 /// that could not be asked.
 pub(crate) fn denied(error: &str) -> bool {
-    // redis-rs spells the codes of its own connections' errors `NoPerm`, `WrongPass`.
+    // redis-rs spells the codes of its own connections' errors `NoPerm`, `WrongPass`; the
+    // library's refusals of the client read `denied: ...` (a login, a certificate).
     let error = error.to_ascii_uppercase();
-    error.contains("NOPERM") || error.contains("WRONGPASS")
+    ["NOPERM", "WRONGPASS", "NOAUTH"].iter().any(|code| error.contains(code))
+        || error.starts_with("DENIED: ")
 }
 
 pub(crate) async fn release(options: &Options, args: ReleaseArgs) -> u8 {

@@ -34,7 +34,8 @@ pub enum ErrorKind {
     /// kind, and the library refuses to touch it.
     WrongType,
     /// The client was shut down ([`Redlock::shutdown`](crate::Redlock::shutdown)): it takes
-    /// no new locks, or it could not clean every node in time.
+    /// no new locks, or its releases were unconfirmed on more nodes than a quorum can spare
+    /// at the shutdown's deadline.
     Shutdown,
     /// So many nodes refused this client itself that no quorum is possible without them: a
     /// login refused (a wrong or missing password, an unknown or disabled user, a password

@@ -163,7 +163,7 @@ macro_rules! guard {
             /// that reached too few nodes deletes nothing and leaves the current validity
             /// as it was. One that finds the hold gone from too many nodes, or that
             /// outlasts the validity, ends the hold: its validity is over, what is left of
-            /// it on the nodes (including keys the extension renewed or set again) is
+            /// it on the nodes (including keys the extension renewed) is
             /// released in the background, and from then on `extend()`, `check_held()` and
             /// `release()` answer `NotHeld` (`false`) without asking the nodes. (A node that
             /// resets connections for longer than the release's re-sends, about 0.26 s, keeps

@@ -305,8 +305,8 @@ impl<P: Protocol> Claim<P> {
         let requests = self.everywhere(Op::Extend, &command, started_at);
         let (round, rest) =
             round::run(requests, started_at, quorum::settle_hold, &self.core.nodes).await;
-        // Unanswered extensions heal nodes that answer late (a later release, wherever it
-        // lands first, leaves a tombstone their renewal respects).
+        // Unanswered extensions renew the nodes that answer late; they set nothing where the
+        // key is gone, so one that lands after the release brings nothing back.
         round::finish(&self.core.tasks, rest);
         if round.decided_at >= self.deadline {
             // The lease ran out while we asked: another client may already hold the lock.
@@ -354,9 +354,8 @@ impl<P: Protocol> Claim<P> {
 
     /// Ends a hold that an extension found gone from too many nodes, or out of validity:
     /// its validity is over, and its keys are released in the background on every node,
-    /// wherever they are left or the extension itself renewed or set them again (a plain
-    /// or multi extension heals the nodes where the key is absent; an extension that lands
-    /// after the release finds its tombstone). Otherwise a lock known to be lost would keep those
+    /// wherever they are left or the extension itself renewed them (an extension never
+    /// sets a key again where it is gone). Otherwise a lock known to be lost would keep those
     /// nodes from everyone else for a whole lease. Later extensions, checks and the release
     /// answer from this without asking the nodes; the hold's end and its release are
     /// counted here, once.

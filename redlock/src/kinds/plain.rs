@@ -4,8 +4,8 @@
 //! who holds the key (nil when we set it, our own token when an earlier send of this very
 //! request landed, the holder's token otherwise, and `WRONGTYPE` for a key that is not a
 //! string, which plain `SET NX` would silently report as "held"); release is a
-//! compare-and-delete script; extend a compare-and-`PEXPIRE` that also sets the key again
-//! where it vanished and nobody took it (healing a node that lost it, without counting it).
+//! compare-and-delete script; extend a compare-and-`PEXPIRE` that never sets the key again
+//! where it is gone (it would bring back a key a release had just removed).
 //! Every command compares the token first, so each is safe to send twice; acquisitions and
 //! extensions carry a deadline and respect the token's tombstone, which releases leave
 //! (see [`crate::tombstone`]), so their order on a node does not matter.

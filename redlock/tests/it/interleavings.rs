@@ -602,7 +602,7 @@ async fn an_abandoned_attempt_on_a_paused_node_does_not_refuse_the_next_one() {
 
 /// Extension racing release: an extension still in flight to a slow node when the lock is
 /// released. The release is queued behind it on that node, so the slow node ends without
-/// the key (the extension's heal does not resurrect it).
+/// the key (and an extension never sets a key again where it is gone).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_right_after_an_extension_in_flight_leaves_no_key() {
     let cluster = FaultyCluster::start(3).unwrap();
@@ -613,7 +613,7 @@ async fn a_release_right_after_an_extension_in_flight_leaves_no_key() {
     // release then arrives after the one-second check.
     let everywhere = || cluster.cluster().nodes_holding("k", lock.token()).len() == 3;
     assert!(common::eventually(Duration::from_secs(1), everywhere).await);
-    // The key vanishes on node 2, so the late extension there would set it again.
+    // The key vanishes on node 2: the late extension there must not set it again.
     cluster.cluster().node(2).command(&["DEL", "k"]).unwrap();
     cluster
         .proxy(2)

@@ -139,8 +139,9 @@ async fn extend_renews_every_key_and_one_that_finds_the_set_gone_releases_it() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(rl.try_lock("a").await.unwrap_err().kind(), ErrorKind::NotAcquired);
 
-    // Another owner has "c" on a majority; node 3 lost "b": the extension sets it again
-    // there and renews the whole set on nodes 3 and 4, then finds the set gone.
+    // Another owner has "c" on a majority; node 3 lost "b": the extension renews the set on
+    // node 4 only (node 3 no longer holds all of it, and nothing is set again there), then
+    // finds the set gone.
     for i in [0, 1, 2] {
         cluster.node(i).set("c", "foreign").unwrap();
     }

@@ -20,13 +20,14 @@
 //! Nothing here is needed for safety (the nodes decide every grant): a line only spares
 //! the nodes attempts that could only fail, and the split votes of several waiters of one
 //! client woken by one release. So a line never holds a waiter back for longer than the
-//! waiter itself would have waited: a waiter's tick for which no attempt of the line has
-//! started since its previous one asks the first for one, and takes its place if none
-//! starts within [`timing::STALL`] (its runtime blocked, its future no longer polled); the
-//! first is then passed over (hand-ons skip it) until its next tick, so that a future kept
-//! without being polled costs the line one stall, not one per release; an attempt
-//! of the line that failed for another reason than the key being held (a lease too short
-//! for the round, a fencing round that failed) counts for no one else.
+//! waiter itself would have waited (but for [`timing::PASSED_TICK_MIN_PAUSE`] between its
+//! ticks where its policy pauses less, see `wait`): a waiter's tick for which no attempt
+//! of the line has started since its previous one asks the first for one, and takes its
+//! place if none starts within [`timing::STALL`] (its runtime blocked, its future no
+//! longer polled); the first is then passed over (hand-ons skip it) until its next tick,
+//! so that a future kept without being polled costs the line one stall, not one per
+//! release; an attempt of the line that failed for another reason than the key being held
+//! (a lease too short for the round, a fencing round that failed) counts for no one else.
 
 use crate::timing;
 use std::collections::{HashMap, VecDeque};
@@ -70,6 +71,12 @@ impl Request {
     /// published on `key`'s channel (a counting lock's slots), none excluding the others.
     pub(crate) fn shared(kind: &'static str, key: Arc<str>) -> Self {
         Self { kind, keys: smallvec::smallvec![key], exclusive: false, intent: false }
+    }
+
+    /// The request of a plain lock of `key`, for the engine's unit tests.
+    #[cfg(test)]
+    pub(crate) fn exclusive(key: &str) -> Self {
+        Self { kind: "lock", keys: smallvec::smallvec![key.into()], exclusive: true, intent: false }
     }
 
     /// Every key of the hold.

@@ -23,6 +23,11 @@ use rand::Rng;
 /// [`with_max_attempts`](Retry::with_max_attempts) a number of attempts, and
 /// [`Retry::never`] (or a request's `.once()`) a single attempt.
 ///
+/// A waiter behind another waiter of the same client for the same exclusive lock lets
+/// that one attempt for both, and pauses at least 50 ms between its ticks whatever its
+/// `delay`: a release wakes both at once, so its ticks only look for a lost notification
+/// or a lock left to expire.
+///
 /// # Default
 /// - `max_attempts`: unbounded
 /// - `max_wait`: the TTL of the lock asked for (the request's `.ttl(d)`, else the builder's)
@@ -148,12 +153,17 @@ impl Retry {
     }
 
     /// The pause before the next attempt, after `attempts` attempts that started `waited`
-    /// ago; `None` when the policy says to give up.
-    pub(crate) fn next_pause(&self, attempts: u32, waited: Duration) -> Option<Duration> {
+    /// ago, at least `min`; `None` when the policy says to give up.
+    pub(crate) fn next_pause(
+        &self,
+        attempts: u32,
+        waited: Duration,
+        min: Duration,
+    ) -> Option<Duration> {
         if self.max_attempts.is_some_and(|max| attempts >= max) {
             return None;
         }
-        let pause = self.delay.saturating_add(random_up_to(self.jitter));
+        let pause = self.delay.saturating_add(random_up_to(self.jitter)).max(min);
         match (self.max_wait, self.ttl) {
             (Some(max), _) if waited.saturating_add(pause) > max => None,
             (Some(_), _) | (None, None) => Some(pause),
@@ -185,9 +195,9 @@ mod tests {
     #[test]
     fn stops_after_max_attempts() {
         let retry = Retry::new().with_max_attempts(2);
-        assert!(retry.next_pause(1, Duration::ZERO).is_some());
-        assert_eq!(retry.next_pause(2, Duration::ZERO), None);
-        assert_eq!(Retry::never().next_pause(1, Duration::ZERO), None);
+        assert!(retry.next_pause(1, Duration::ZERO, Duration::ZERO).is_some());
+        assert_eq!(retry.next_pause(2, Duration::ZERO, Duration::ZERO), None);
+        assert_eq!(Retry::never().next_pause(1, Duration::ZERO, Duration::ZERO), None);
     }
 
     #[test]
@@ -198,10 +208,10 @@ mod tests {
             .with_jitter(Duration::ZERO)
             .with_max_wait(Duration::from_secs(1));
         assert_eq!(
-            retry.next_pause(50, Duration::from_millis(900)),
+            retry.next_pause(50, Duration::from_millis(900), Duration::ZERO),
             Some(Duration::from_millis(100))
         );
-        assert_eq!(retry.next_pause(50, Duration::from_millis(901)), None);
+        assert_eq!(retry.next_pause(50, Duration::from_millis(901), Duration::ZERO), None);
     }
 
     #[test]
@@ -209,17 +219,44 @@ mod tests {
         let ttl = Duration::from_secs(10);
         let retry = Retry::new().until_ttl(ttl);
         assert_eq!(retry.max_attempts(), None);
-        let pause = retry.next_pause(1_000, Duration::from_secs(1)).unwrap();
+        let pause = retry.next_pause(1_000, Duration::from_secs(1), Duration::ZERO).unwrap();
         assert!(pause >= Duration::from_millis(100) && pause <= Duration::from_millis(200));
         // Cut short to end with the TTL, however long the configured pause.
         let slow = Retry::new().with_delay(Duration::from_secs(20)).until_ttl(ttl);
-        assert_eq!(slow.next_pause(1, Duration::from_secs(4)), Some(Duration::from_secs(6)));
-        assert_eq!(slow.next_pause(2, ttl), None);
+        assert_eq!(
+            slow.next_pause(1, Duration::from_secs(4), Duration::ZERO),
+            Some(Duration::from_secs(6))
+        );
+        assert_eq!(slow.next_pause(2, ttl, Duration::ZERO), None);
         // An explicit bound replaces the TTL's.
         let longer = Retry::new().with_max_wait(Duration::from_secs(60)).until_ttl(ttl);
-        assert!(longer.next_pause(50, Duration::from_secs(30)).is_some());
+        assert!(longer.next_pause(50, Duration::from_secs(30), Duration::ZERO).is_some());
         let forever = Retry::new().with_max_wait(Duration::MAX).until_ttl(ttl);
-        assert!(forever.next_pause(u32::MAX, Duration::from_secs(3600 * 24 * 365)).is_some());
+        assert!(
+            forever
+                .next_pause(u32::MAX, Duration::from_secs(3600 * 24 * 365), Duration::ZERO)
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn a_pause_shorter_than_the_minimum_is_stretched_and_still_bounded_by_max_wait() {
+        let min = Duration::from_millis(10);
+        let eager = Retry::new()
+            .with_delay(Duration::ZERO)
+            .with_jitter(Duration::ZERO)
+            .with_max_wait(Duration::from_secs(1));
+        assert_eq!(eager.next_pause(5, Duration::ZERO, min), Some(min));
+        assert_eq!(eager.next_pause(5, Duration::from_millis(990), min), Some(min));
+        assert_eq!(eager.next_pause(5, Duration::from_millis(991), min), None, "past max_wait");
+        let slow = eager.with_delay(Duration::from_millis(100));
+        assert_eq!(slow.next_pause(5, Duration::ZERO, min), Some(Duration::from_millis(100)));
+        // The default bound cuts the stretched pause short for a last attempt at the TTL.
+        let ttl = Duration::from_secs(1);
+        let until_ttl = Retry::new().with_delay(Duration::ZERO).with_jitter(Duration::ZERO);
+        let until_ttl = until_ttl.until_ttl(ttl);
+        let left = Duration::from_millis(4);
+        assert_eq!(until_ttl.next_pause(5, ttl - left, min), Some(left));
     }
 
     #[test]
@@ -235,7 +272,7 @@ mod tests {
             let retry = Retry::new()
                 .with_delay(Duration::from_millis(delay_ms))
                 .with_jitter(Duration::from_millis(jitter_ms));
-            let pause = retry.next_pause(1, Duration::ZERO).unwrap();
+            let pause = retry.next_pause(1, Duration::ZERO, Duration::ZERO).unwrap();
             prop_assert!(pause >= Duration::from_millis(delay_ms));
             prop_assert!(pause <= Duration::from_millis(delay_ms + jitter_ms));
         }

@@ -20,13 +20,15 @@
 //! Nothing here is needed for safety (the nodes decide every grant): a line only spares
 //! the nodes attempts that could only fail, and the split votes of several waiters of one
 //! client woken by one release. So a line never holds a waiter back for longer than the
-//! waiter itself would have waited: a waiter's tick for which no attempt of the line has
-//! started since its previous one asks the first for one, and takes its place if none
-//! starts within [`timing::STALL`] (its runtime blocked, its future no longer polled); the
-//! first is then passed over (hand-ons skip it) until its next tick, so that a future kept
-//! without being polled costs the line one stall, not one per release; an attempt
-//! of the line that failed for another reason than the key being held (a lease too short
-//! for the round, a fencing round that failed) counts for no one else.
+//! waiter itself would have waited (but for [`timing::PASSED_TICK_MIN_PAUSE`] between its
+//! ticks where its policy pauses less, see `wait`): a waiter's tick for which no attempt
+//! of the line has started since its previous one asks the first for one, and takes its
+//! place if none starts within [`timing::STALL`] (its runtime blocked, its future no
+//! longer polled), or at once if the first left the line; a stalled first is then passed
+//! over (hand-ons skip it) until its next tick, so that a future kept without being polled
+//! costs the line one stall, not one per release; an attempt of the line that failed for
+//! another reason than the key being held (a lease too short for the round, a fencing
+//! round that failed) counts for no one else.
 
 use crate::timing;
 use std::collections::{HashMap, VecDeque};
@@ -70,6 +72,12 @@ impl Request {
     /// published on `key`'s channel (a counting lock's slots), none excluding the others.
     pub(crate) fn shared(kind: &'static str, key: Arc<str>) -> Self {
         Self { kind, keys: smallvec::smallvec![key], exclusive: false, intent: false }
+    }
+
+    /// The request of a plain lock of `key`, for the engine's unit tests.
+    #[cfg(test)]
+    pub(crate) fn exclusive(key: &str) -> Self {
+        Self { kind: "lock", keys: smallvec::smallvec![key.into()], exclusive: true, intent: false }
     }
 
     /// Every key of the hold.
@@ -283,7 +291,8 @@ impl Ticket {
 
     /// Waits for the outcome of the line's attempt `number`, or `None` if it has not
     /// started within [`timing::STALL`] or the attempt in flight has not ended within `patience`
-    /// of its start (the waiter making it stalled).
+    /// of its start (the waiter making it stalled), or if this waiter is first now (the one
+    /// in front left without a grant, its call handed to this one).
     /// An outcome other than [`Outcome::Held`] or [`Outcome::Granted`] counts for no one
     /// else.
     pub(crate) async fn follow(&mut self, number: u64, patience: Duration) -> Option<Outcome> {
@@ -302,6 +311,14 @@ impl Ticket {
                     // Granted to another waiter (whose outcome a later attempt replaced).
                     self.seen = self.seen.max(number);
                     return Some(Outcome::Granted);
+                }
+                if state.in_flight == 0
+                    && first_ready(&state.waiters).is_some_and(|w| Arc::ptr_eq(w, &self.waiter))
+                {
+                    // No one in front makes the attempt: this waiter makes it now, which
+                    // uses the call handed to it.
+                    self.waiter.called.store(false, Ordering::Release);
+                    return None;
                 }
                 // Idle since it was asked (or since its last attempt ended, if later).
                 let now = crate::clock::monotonic();
@@ -543,6 +560,25 @@ mod tests {
         assert_eq!(asked.elapsed(), timing::STALL);
         assert!(matches!(second.turn(true), Turn::Attempt), "its place");
         drop(first);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_behind_attempts_at_once_when_the_first_leaves_without_attempting() {
+        let lines = Arc::new(Lines::default());
+        let doc = request(&["doc"], true, false);
+        let first = lines.join(&doc);
+        let mut second = lines.join(&doc);
+        let Turn::Follow(number) = second.turn(false) else { panic!("not first") };
+        let asked = tokio::time::Instant::now();
+        let leaves = async {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            drop(first);
+        };
+        let (followed, ()) = tokio::join!(second.follow(number, Duration::from_secs(60)), leaves);
+        assert!(followed.is_none(), "no attempt to follow");
+        assert_eq!(asked.elapsed(), Duration::from_millis(10), "not after a stall");
+        assert!(!second.called(), "the call it was handed is the attempt it makes now");
+        assert!(matches!(second.turn(true), Turn::Attempt));
     }
 
     #[tokio::test(start_paused = true)]

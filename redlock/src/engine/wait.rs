@@ -14,7 +14,10 @@
 //! own (the one started since its previous tick, or one it asks the first for), and a tick
 //! while a hold of this client has the turn counts as an attempt that could only fail: the
 //! policy bounds the wait as it would have with attempts of its own, and an error it gives
-//! up with is a real attempt's (or says that this client holds the lock).
+//! up with is a real attempt's (or says that this client holds the lock). Such a tick is
+//! followed by a pause of at least [`timing::PASSED_TICK_MIN_PAUSE`]: it stands in only
+//! for a lost notification or an expiry, and with a policy of no pause it would keep the
+//! first waiter making rounds back to back.
 
 use crate::timing;
 use std::future::Future;
@@ -73,6 +76,9 @@ where
         own = false;
         let mut held_until = None;
         let mut paced = Duration::ZERO;
+        // A tick let pass without an attempt of its own: its next one is no sooner than
+        // `PASSED_TICK_MIN_PAUSE`, whatever the policy's pause.
+        let mut passed = false;
         let (err, attempted) = match turn {
             Turn::Attempt => {
                 let started = crate::clock::monotonic();
@@ -102,7 +108,10 @@ where
             Turn::Follow(number) => {
                 let Some(ticket) = ticket.as_deref_mut() else { continue };
                 match ticket.follow(number, patience).await {
-                    Some(Outcome::Held(err)) => (err, None),
+                    Some(Outcome::Held(err)) => {
+                        passed = true;
+                        (err, None)
+                    }
                     // The turn is another waiter's hold now: see what it says.
                     Some(Outcome::Granted) => continue,
                     Some(Outcome::Other) => {
@@ -117,6 +126,7 @@ where
             }
             Turn::Held(until, took) => {
                 held_until = Some(until);
+                passed = true;
                 // Paced like the attempt it stands for, whose time a stall does not stretch
                 // beyond a round's bound: `max_attempts` bounds the same wait.
                 paced = took.min(core.config.node_timeout);
@@ -144,7 +154,9 @@ where
         let due = match next_counted {
             Some(due) if woken => due,
             _ => {
-                let Some(pause) = retry.next_pause(counted, waited(first).saturating_add(paced))
+                let min = if passed { timing::PASSED_TICK_MIN_PAUSE } else { Duration::ZERO };
+                let Some(pause) =
+                    retry.next_pause(counted, waited(first).saturating_add(paced), min)
                 else {
                     return Err(Error::most_telling(telling, err));
                 };
@@ -268,6 +280,51 @@ mod tests {
         // Or after its attempts.
         let (started, gave_up) = attempts(&every_100_ms.with_max_attempts(3)).await;
         assert_eq!((started, gave_up), (vec![0, 110, 220], 230));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_with_no_pause_behind_the_first_asks_it_for_an_attempt_every_minimum_pause() {
+        let core = core();
+        let request = Request::exclusive("doc");
+        let patient = |delay, max_wait| {
+            Retry::new()
+                .with_unbounded_attempts()
+                .with_delay(delay)
+                .with_jitter(Duration::ZERO)
+                .with_max_wait(max_wait)
+        };
+        let made = [Mutex::new(0u32), Mutex::new(0u32)];
+        let wait = |who: usize, retry: Retry| {
+            let (core, request, made) = (&core, &request, &made);
+            async move {
+                let mut ticket = core.lines.join(request);
+                let attempt = || {
+                    *made[who].lock().unwrap() += 1;
+                    async {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                        Err::<(), _>(Error::local(ErrorKind::NotAcquired, "held", "doc"))
+                    }
+                };
+                until_acquired(core, &retry, request, Some(&mut ticket), "doc", attempt).await
+            }
+        };
+        let second = Duration::from_secs(1);
+        // The first outlives the eager one, which is behind it for the whole second.
+        let first = wait(0, patient(Duration::from_millis(100), second * 2));
+        let eager = async {
+            let waited = wait(1, patient(Duration::ZERO, second)).await;
+            (waited, *made[0].lock().unwrap())
+        };
+        let (first, (eager, made_meanwhile)) = tokio::join!(first, eager);
+        assert_eq!(first.unwrap_err().kind(), ErrorKind::NotAcquired);
+        assert_eq!(eager.unwrap_err().kind(), ErrorKind::NotAcquired);
+        // Its own polls (ten in the second) and one asked of it per minimum pause at most;
+        // with no minimum, it made an attempt every millisecond.
+        let asked =
+            u32::try_from(second.as_millis() / timing::PASSED_TICK_MIN_PAUSE.as_millis()).unwrap();
+        assert!(made_meanwhile <= 10 + asked + 1, "{made_meanwhile} attempts in the second");
+        assert!(made_meanwhile > asked, "{made_meanwhile} attempts in the second: none asked");
+        assert_eq!(*made[1].lock().unwrap(), 0, "behind a live first waiter, none of its own");
     }
 
     #[test]

@@ -429,8 +429,7 @@ pub async fn held_on_five(node_timeout: Duration) -> (FaultyCluster, Redlock, Lo
     warm(&rl).await;
     let lock = rl.try_lock("k").await.unwrap();
     let token = lock.token().to_owned();
-    let everywhere = || faulty.cluster().nodes_holding("k", &token).len() == 5;
-    assert!(eventually(Duration::from_secs(1), everywhere).await);
+    held_on(faulty.cluster(), "k", &token, &[0, 1, 2, 3, 4]).await;
     (faulty, rl, lock, token)
 }
 

@@ -22,8 +22,11 @@ fn cpu_ticks() -> u64 {
     fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
 }
 
-/// A waiter with no pause behind a live first waiter skips its ticks without a round over
-/// the nodes: it must still not spin, burning a core until `max_wait`.
+/// A waiter with no pause behind a live first waiter lets that one attempt for it: it must
+/// not have it make round after round (half a core until `max_wait`), but ask for one at
+/// most every 50 ms. Measured in a debug build: about 3-5 ticks in the second with or
+/// without two busy loops beside it (a round costs the process ~1.5 ms of CPU), 40-70
+/// back to back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_with_no_pause_behind_a_live_first_one_does_not_spin() {
     let _serial = crate::serial();
@@ -53,5 +56,5 @@ async fn a_waiter_with_no_pause_behind_a_live_first_one_does_not_spin() {
     first.await.unwrap().unwrap();
     second.await.unwrap().unwrap();
     eprintln!("cpu ticks in 1 s: {used}");
-    assert!(used < 60, "{used} clock ticks of CPU in 1 s of waiting");
+    assert!(used < 10, "{used} clock ticks of CPU in 1 s of waiting");
 }

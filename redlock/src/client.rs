@@ -262,10 +262,11 @@ impl Redlock {
     /// # }
     /// ```
     ///
-    /// `Ok` as long as every hold was released on a quorum, with a [`ShutdownReport`](crate::ShutdownReport)
-    /// naming the nodes where a release was still in flight at the deadline or failed
-    /// (a node down, a reset): their keys stay there until their leases end, keeping no
-    /// one out.
+    /// `Ok` as long as the releases still in flight at the deadline or failed during the
+    /// shutdown are on no more nodes than a quorum can spare (each was then confirmed on a
+    /// quorum), with a [`ShutdownReport`](crate::ShutdownReport) naming those nodes (a node
+    /// down, a reset) and what it covers: their keys stay there until their leases end,
+    /// keeping no one out.
     ///
     /// # Errors
     /// [`ErrorKind::Shutdown`](crate::ErrorKind::Shutdown) when releases were not

@@ -175,10 +175,16 @@ impl NodeReport {
     }
 }
 
-/// What a [`shutdown`](crate::Redlock::shutdown) that released every hold on a quorum
-/// could not confirm everywhere: the nodes where a release was still in flight at the
-/// deadline or failed. Their keys stay there until their leases end; no other client is
-/// kept out by them, since every hold is gone from a quorum.
+/// What a [`shutdown`](crate::Redlock::shutdown) could not confirm: the nodes where a
+/// release or clean-up this client sent was still in flight at the deadline, or failed
+/// during the shutdown. Their keys stay there until their leases end. A shutdown is `Ok`
+/// only while these are no more nodes than a quorum can spare: every such release then
+/// removed its hold from a quorum, so those keys keep no other client out.
+///
+/// It covers what the client sent: not the guards the caller still holds, nor releases
+/// that failed before the shutdown began (their errors and warnings were given then), nor
+/// those of background work that had not started by the deadline (a deadline of zero may
+/// end before the auto-extended locks are released).
 ///
 /// `Display` says it in one line, for a log.
 #[derive(Clone, Debug)]
@@ -228,7 +234,7 @@ impl fmt::Display for ShutdownReport {
         write!(
             f,
             "releases not confirmed on {}: their keys there stay until their leases end; \
-             every hold was released on a quorum",
+             each release was confirmed on a quorum",
             nodes.join(", ")
         )
     }

@@ -351,8 +351,9 @@ where
     }
     match auto.release().await {
         Ok(()) => Ok(output),
-        // The lock was valid until the work ended; the keys expire with their lease.
-        Err(err) if err.kind() == ErrorKind::Unavailable => {
+        // The lock was valid until the work ended; the keys expire with their lease. Too few
+        // nodes answered, or too many refused the client (a password rotated meanwhile).
+        Err(err) if matches!(err.kind(), ErrorKind::Unavailable | ErrorKind::Denied) => {
             tracing::warn!(target: "redlock", %err, "release after a held run failed; the keys expire");
             Ok(output)
         }

@@ -1350,7 +1350,9 @@ async fn open(
             tracing::debug!(target: "redlock", ?failure, "INFO server refused: server not checked");
             return Ok(connection);
         }
-        Err(Failure::Server { message, .. } | Failure::Denied(message)) => {
+        // Refused by the ACL: what to allow. Any other error reply (`BUSY`, `LOADING`) keeps
+        // its own meaning.
+        Err(Failure::Denied(message)) => {
             return Err(Failure::Denied(
                 format!(
                     "{message} (restart_quarantine needs the `info` command: allow `+info` for \

@@ -271,12 +271,17 @@ impl<M: Remake> Undos<M> {
 
 /// Whether an undo failed for a reason that may pass: it timed out (the node may be hung,
 /// with what it undoes still to run), could not reach its node (a reset, a node down that
-/// may come back with its data), or the node said it could not run it yet (see
-/// [`crate::node::is_put_off`]). Not a refusal, nor an answer: sending it again changes nothing.
+/// may come back with its data), the node said it could not run it yet (see
+/// [`crate::node::is_put_off`]), or the node refused the client's login or certificate
+/// (credentials or certificates being rotated). Not a command refused by the ACL, nor an
+/// answer: sending it again changes nothing.
 pub(crate) fn may_pass(outcome: &NodeOutcome) -> bool {
     match outcome {
         NodeOutcome::TimedOut | NodeOutcome::Unreachable(_) => true,
         NodeOutcome::Failed(message) => crate::node::is_put_off(message),
+        // A refused login or certificate may be a rotation under way: the undo is not
+        // given up before its horizon. A command refused by the ACL stays refused.
+        NodeOutcome::Denied(message) => !message.starts_with("NOPERM"),
         _ => false,
     }
 }
@@ -433,7 +438,7 @@ mod tests {
     }
 
     #[test]
-    fn only_an_undo_that_timed_out_could_not_reach_its_node_or_was_put_off_is_sent_again() {
+    fn only_an_undo_that_may_pass_is_sent_again_not_one_the_acl_refused_or_the_node_answered() {
         assert!(may_pass(&NodeOutcome::TimedOut));
         assert!(may_pass(&NodeOutcome::Unreachable("reset".into())));
         for put_off in [
@@ -442,6 +447,11 @@ mod tests {
             "MASTERDOWN Link with MASTER is down",
         ] {
             assert!(may_pass(&NodeOutcome::Failed(put_off.into())), "{put_off}");
+        }
+        for rotated in
+            ["WRONGPASS the node refused the login", "the TLS handshake refused a certificate"]
+        {
+            assert!(may_pass(&NodeOutcome::Denied(rotated.into())), "{rotated}");
         }
         for answered in [
             NodeOutcome::Ok,

@@ -541,9 +541,10 @@ impl<P: Protocol> Claim<P> {
         };
         // What the round took itself and a task of the background would have handled:
         // the answers that came while it waited for its stragglers, and the undos that
-        // failed for a reason that may pass, which are sent again whenever they came.
+        // failed: sent again whenever they came where the reason may pass, counted (for a
+        // shutdown's report) and logged otherwise.
         let taken: background::Taken = (round.outcomes.iter().enumerate())
-            .filter(|&(i, outcome)| round.lingered.contains(&i) || background::may_pass(outcome))
+            .filter(|&(i, outcome)| round.lingered.contains(&i) || outcome.is_fault())
             .map(|(i, outcome)| (i, outcome.clone()))
             .collect();
         background::finish(undos, rest, pending, taken, Some(tracked), place);

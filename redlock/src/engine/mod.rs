@@ -98,9 +98,9 @@ impl Core {
     /// and the background work (releases above all).
     ///
     /// `Ok` with a report naming the nodes where a release was still in flight or failed
-    /// (their keys stay there until their leases end), as long as every hold was released
-    /// on a quorum: too few nodes are left unconfirmed for any hold to still be held. An
-    /// error when more nodes than that are unconfirmed, or an acquisition was not over.
+    /// (their keys stay there until their leases end), as long as they are no more than a
+    /// quorum can spare: each of those releases was then confirmed on a quorum. An error
+    /// when more nodes than that are unconfirmed, or an acquisition was not over.
     pub(crate) async fn shutdown(&self, deadline: std::time::Instant) -> Result<ShutdownReport> {
         let started = std::time::Instant::now();
         let failed_before = self.undos.failures();

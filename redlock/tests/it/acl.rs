@@ -538,3 +538,48 @@ fn the_readmes_acl_lines_are_accepted_where_new_users_get_every_channel() {
         .unwrap();
     assert!(rules.contains("redlock:released:app:*"), "{rules}");
 }
+
+/// A password rotated on two of three nodes while `with_lock` runs: the work ended while
+/// the lock was held, so its output is returned, although the release, reconnecting, is
+/// refused its login on a quorum (`Denied`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_lock_keeps_its_output_when_the_release_meets_a_rotated_password() {
+    let (cluster, builder) = cluster_as("rotated", MINIMAL);
+    let rl = builder.ttl(Duration::from_secs(10)).build().unwrap();
+    let output = rl
+        .with_lock("job", |_| {
+            let cluster = &cluster;
+            async move {
+                for i in [1, 2] {
+                    common::run(
+                        cluster,
+                        i,
+                        &["ACL", "SETUSER", "rotated", "resetpass", ">rotated-pass"],
+                    );
+                    common::run(cluster, i, &["CLIENT", "KILL", "USER", "rotated"]);
+                }
+                42
+            }
+        })
+        .await;
+    assert_eq!(output.unwrap(), 42);
+}
+
+/// A release whose node refuses the login on its new connection (the password rotated
+/// there) is sent again from the background, and lands once the node takes the old
+/// password again: a rotation under way is not given up on like a refused command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_refused_a_rotated_login_is_sent_again_until_the_login_works() {
+    let (cluster, builder) = cluster_as("rotating", MINIMAL);
+    let rl = builder.ttl(Duration::from_secs(20)).build().unwrap();
+    let lock = rl.try_lock("rotated").await.unwrap();
+    common::held_on(&cluster, "app:rotated", lock.token(), &[0, 1, 2]).await;
+    common::run(&cluster, 2, &["ACL", "SETUSER", "rotating", "resetpass", ">other-pass"]);
+    common::run(&cluster, 2, &["CLIENT", "KILL", "USER", "rotating"]);
+    lock.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(cluster.count_key("app:rotated"), 1, "node 2 kept the key while refusing");
+    common::run(&cluster, 2, &["ACL", "SETUSER", "rotating", &format!(">{PASSWORD}")]);
+    let gone = || cluster.count_key("app:rotated") == 0;
+    assert!(common::eventually(Duration::from_secs(5), gone).await, "the re-send landed");
+}

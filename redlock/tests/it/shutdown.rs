@@ -457,3 +457,28 @@ async fn shutdown_ends_every_lease_and_releases_before_returning() {
     assert_eq!(rl.try_lock("b").await.unwrap_err().kind(), ErrorKind::Shutdown);
     drop(auto);
 }
+
+/// A dropped lock's release refused by two of three nodes (their ACL no longer allows the
+/// scripts) answers before its round is decided, while the shutdown waits: those refusals
+/// count, and the shutdown fails, naming them, instead of saying every release was clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_refused_on_too_many_nodes_during_the_shutdown_fails_it() {
+    let faulty = FaultyCluster::start(3).unwrap();
+    let rl = common::builder_for(faulty.urls(), Duration::from_secs(2)).build().unwrap();
+    common::warm(&rl).await;
+    let lock = rl.try_lock("refused").await.unwrap();
+    common::held_on(faulty.cluster(), "refused", lock.token(), &[0, 1, 2]).await;
+    for i in [1, 2] {
+        common::run(faulty.cluster(), i, &["ACL", "SETUSER", "default", "-evalsha", "-eval"]);
+    }
+    for i in 0..3 {
+        faulty.proxy(i).set_fault(common::latency(200));
+    }
+    drop(lock);
+    let err = rl.shutdown(Duration::from_secs(2)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Shutdown, "{err}");
+    assert!(err.to_string().contains("not confirmed on 2 of 3 nodes"), "{err}");
+    for i in [1, 2] {
+        assert!(matches!(err.nodes()[i].outcome(), NodeOutcome::Denied(_)), "{err}");
+    }
+}

@@ -547,13 +547,19 @@ mod tests {
         assert_ne!(request(&["doc"], true, false), request(&["doc", "b"], true, false));
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_waiter_behind_takes_the_first_ones_place_when_no_attempt_starts_within_the_stall() {
+    /// Two waiters in line for one plain lock, and the attempt the second follows.
+    fn two_in_line() -> (Ticket, Ticket, u64) {
         let lines = Arc::new(Lines::default());
         let doc = request(&["doc"], true, false);
         let first = lines.join(&doc);
         let mut second = lines.join(&doc);
         let Turn::Follow(number) = second.turn(false) else { panic!("not first") };
+        (first, second, number)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_behind_takes_the_first_ones_place_when_no_attempt_starts_within_the_stall() {
+        let (first, mut second, number) = two_in_line();
         let asked = tokio::time::Instant::now();
         // The first waiter is never polled again (its runtime blocked, say).
         assert!(second.follow(number, Duration::from_secs(60)).await.is_none());
@@ -564,11 +570,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_waiter_behind_attempts_at_once_when_the_first_leaves_without_attempting() {
-        let lines = Arc::new(Lines::default());
-        let doc = request(&["doc"], true, false);
-        let first = lines.join(&doc);
-        let mut second = lines.join(&doc);
-        let Turn::Follow(number) = second.turn(false) else { panic!("not first") };
+        let (first, mut second, number) = two_in_line();
         let asked = tokio::time::Instant::now();
         let leaves = async {
             tokio::time::sleep(Duration::from_millis(10)).await;

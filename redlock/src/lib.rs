@@ -229,6 +229,7 @@ mod quarantine;
 mod quorum;
 mod request;
 mod retry;
+mod route;
 mod secret;
 mod server;
 mod tasks;

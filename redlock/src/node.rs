@@ -37,6 +37,7 @@ use crate::command::{self, Command, Resend};
 use crate::denied;
 use crate::error::NodeOutcome;
 use crate::quarantine;
+use crate::route::Route;
 use crate::server;
 use crate::tasks::Tasks;
 
@@ -102,6 +103,12 @@ impl Failure {
         }
     }
 
+    /// A create or extension not sent: an undo of its hold was issued first.
+    fn withheld() -> Self {
+        let message = "WITHHELD an undo of the hold was issued first: not sent";
+        Self::Server { code: "WITHHELD".into(), message: message.into() }
+    }
+
     fn is_noscript(&self) -> bool {
         matches!(self, Self::Server { code, .. } if &**code == "NOSCRIPT")
     }
@@ -112,7 +119,10 @@ impl Failure {
             _ if self.is_wrong_type() => NodeOutcome::WrongType,
             // The node ran it past its deadline (create_guard.lua), when its sender had
             // already given up on it: what the sender counted it as.
-            Self::Server { code, .. } if &**code == "LATE" => NodeOutcome::TimedOut,
+            // Or the client did not send it: past its time to go out, or behind its undo.
+            Self::Server { code, .. } if matches!(&**code, "LATE" | "WITHHELD") => {
+                NodeOutcome::TimedOut
+            }
             Self::Unreachable(why) | Self::Refused(why) => NodeOutcome::Unreachable(why.clone()),
             Self::ConnectTimedOut => NodeOutcome::TimedOut,
             Self::Denied(why) => NodeOutcome::Denied(why.clone()),
@@ -389,10 +399,17 @@ impl Drop for Watch {
 #[derive(Default)]
 pub(crate) struct Connected(Option<Handle>);
 
+impl Connected {
+    /// On `handle`'s connection (an undo's route).
+    pub(crate) fn on(handle: Handle) -> Self {
+        Self(Some(handle))
+    }
+}
+
 /// A connection and the generation that identifies it, so that a caller who saw it fail
 /// only discards that very connection, never a newer one.
 #[derive(Clone)]
-struct Handle {
+pub(crate) struct Handle {
     generation: u64,
     connection: MultiplexedConnection,
     fresh: bool,
@@ -943,11 +960,12 @@ impl Node {
         &self,
         command: &Command,
         within: Duration,
-        by: Option<Instant>,
+        (by, route): (Option<Instant>, Option<&Route>),
         connected: Connected,
     ) -> Reply {
         // A create without a time to go out by goes out by now: never later than asked.
         let bound = command.is_bounded().then(|| (within, by.unwrap_or_else(crate::clock::now)));
+        let bound = Bound { deadline: bound, route };
         let reply = self.send_cmd(command.first(), command.resend(), bound, connected.0).await;
         if !matches!(&reply.value, Err(failure) if failure.is_noscript()) {
             return reply;
@@ -987,7 +1005,7 @@ impl Node {
         &self,
         cmd: &Cmd,
         resend: Resend,
-        bound: Option<(Duration, Instant)>,
+        bound: Bound<'_>,
         first: Option<Handle>,
     ) -> Reply {
         if resend == Resend::Never {
@@ -1000,11 +1018,11 @@ impl Node {
                 Err(failure) => return Reply::unconnected(failure),
             },
         };
-        let stamped = match self.stamped(cmd, bound).await {
+        let stamped = match self.stamped(cmd, bound.deadline).await {
             Ok(stamped) => stamped,
             Err(failure) => return Reply { value: Err(failure) },
         };
-        match self.send_on(first, &stamped).await {
+        match self.send_on(first, &stamped, bound.route).await {
             Sent::Reply(value) => Reply { value },
             // Safe to repeat (every lock operation is): once more on a new connection.
             Sent::Stale(_) => Box::pin(self.send_anew(cmd, bound)).await,
@@ -1022,7 +1040,7 @@ impl Node {
         let mut connection = self.connection().await;
         if let Ok(handle) = &connection
             && !handle.fresh
-            && !matches!(self.send_on(handle.clone(), &PING).await, Sent::Reply(_))
+            && !matches!(self.send_on(handle.clone(), &PING, None).await, Sent::Reply(_))
         {
             // Found closed (and discarded): a new one.
             connection = self.connection().await;
@@ -1031,7 +1049,7 @@ impl Node {
             Ok(handle) => handle,
             Err(failure) => return Reply::unconnected(failure),
         };
-        let value = match self.send_on(handle, cmd).await {
+        let value = match self.send_on(handle, cmd, None).await {
             Sent::Reply(value) => value,
             Sent::Stale(failure) => Err(failure),
         };
@@ -1041,10 +1059,10 @@ impl Node {
     /// Sends `cmd` on a new connection: a connection opened before this call may have
     /// died since (a node restart, an idle timeout), and one more try spares the caller a
     /// spurious failure.
-    async fn send_anew(&self, cmd: &Cmd, bound: Option<(Duration, Instant)>) -> Reply {
+    async fn send_anew(&self, cmd: &Cmd, bound: Bound<'_>) -> Reply {
         let value = match self.connection().await {
-            Ok(handle) => match self.stamped(cmd, bound).await {
-                Ok(stamped) => match self.send_on(handle, &stamped).await {
+            Ok(handle) => match self.stamped(cmd, bound.deadline).await {
+                Ok(stamped) => match self.send_on(handle, &stamped, bound.route).await {
                     Sent::Reply(value) => value,
                     Sent::Stale(failure) => Err(failure),
                 },
@@ -1055,8 +1073,19 @@ impl Node {
         Reply { value }
     }
 
-    async fn send_on(&self, mut handle: Handle, cmd: &Cmd) -> Sent {
-        match handle.connection.send_packed_command(cmd).await {
+    /// `cmd` on `handle`'s connection; a create or extension on its hold's `route` (not
+    /// sent once an undo of the hold was issued: see [`Route::queue`]).
+    async fn send_on(&self, handle: Handle, cmd: &Cmd, route: Option<&Route>) -> Sent {
+        let mut connection = handle.connection.clone();
+        let send = connection.send_packed_command(cmd);
+        let sent = match route {
+            None => send.await,
+            Some(route) => match route.queue(&handle, send).await {
+                Some(sent) => sent,
+                None => return Sent::Reply(Err(Failure::withheld())),
+            },
+        };
+        match sent {
             Ok(Value::ServerError(err)) => Sent::Reply(Err(Failure::from_redis(&err.into()))),
             Ok(value) => Sent::Reply(Ok(value)),
             Err(err) if err.is_unrecoverable_error() || err.is_connection_dropped() => {
@@ -1444,6 +1473,14 @@ fn load_scripts() -> redis::Pipeline {
         pipe.add_command(script.load()).ignore();
     }
     pipe
+}
+
+/// What bounds a create or extension: the time it goes out by (with its deadline's
+/// `within`), and its hold's route on the node.
+#[derive(Clone, Copy)]
+struct Bound<'a> {
+    deadline: Option<(Duration, Instant)>,
+    route: Option<&'a Route>,
 }
 
 enum Sent {

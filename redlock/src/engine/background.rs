@@ -42,6 +42,7 @@ use super::protocol::{Answer, Keys, Op};
 use super::round::Rest;
 use super::slot::{Slot, Slots};
 use super::undo::Tracked;
+use crate::route::Routes;
 
 /// Makes a fresh undo request for a node, settling the given slot when over, and
 /// registered with the client's undos while in flight. A plain closure, kept by value:
@@ -57,10 +58,10 @@ impl<T> Remake for T where
 }
 
 /// The [`Remake`] of `op`'s `command` on `keys`, undoing `hold` (if any), whose replies
-/// `read` reads.
+/// `read` reads; behind the hold's creates where `routes` tell where they went.
 pub(crate) fn remake<R>(
     core: &Arc<Core>,
-    (keys, hold): (&Keys, Option<&super::Abandoned>),
+    (keys, hold, routes): (&Keys, Option<&super::Abandoned>, Option<Routes>),
     (op, command): (Op, &Arc<Command>),
     read: R,
 ) -> impl Remake + use<R>
@@ -73,7 +74,9 @@ where
         let tracked = core.undos.track_one(node, &keys, hold.as_ref(), &slot);
         let command = command.clone();
         // Sent again only after a connection opened: since any did.
-        let request = NodeCall { node, op, command, slot, since: 0, at: crate::clock::now() };
+        let (at, route) = (crate::clock::now(), routes.as_ref().map(|routes| routes.get(node)));
+        // A node where nothing of the hold went out gets no first undo to send again.
+        let request = NodeCall { node, op, command, slot, since: 0, at, route, everywhere: true };
         let call = request.send(&core, read.clone());
         async move {
             let answer = call.await;

@@ -30,6 +30,7 @@ use crate::telemetry;
 use super::Core;
 use super::protocol::{Answer, Op};
 use super::slot::{SettleOnDrop, Slot};
+use crate::route::{Route, Undo};
 
 /// A call to node `node`, ready to be sent.
 pub(crate) struct NodeCall {
@@ -44,12 +45,27 @@ pub(crate) struct NodeCall {
     /// When its round started (read once per round): no send of it goes out before, and
     /// its bounds count from there.
     pub(crate) at: Instant,
+    /// Its hold's route on the node (see [`crate::route`]): a create or extension is not
+    /// sent once an undo was issued, and an undo goes behind them.
+    pub(crate) route: Option<Route>,
+    /// An undo goes to every node, also where nothing of its hold went out: a writer's
+    /// release withdraws the intent its wait's earlier attempts may have left there.
+    pub(crate) everywhere: bool,
 }
 
 impl NodeCall {
     /// A read-only check of node `node`.
     pub(crate) fn check(node: usize, command: Arc<Command>, slot: Slot, at: Instant) -> NodeCall {
-        NodeCall { node, op: Op::Check, command, slot, since: 0, at }
+        NodeCall {
+            node,
+            op: Op::Check,
+            command,
+            slot,
+            since: 0,
+            at,
+            route: None,
+            everywhere: false,
+        }
     }
 
     /// The request as a future answering `(node, outcome)`; `read` says what the reply
@@ -62,7 +78,7 @@ impl NodeCall {
     where
         R: FnOnce(&Reply) -> Answer + Send + 'static,
     {
-        let Self { node: i, op, command, slot, since, at } = self;
+        let Self { node: i, op, command, slot, since, at, route, everywhere } = self;
         let node = core.nodes[i].clone();
         let (connect_timeout, timeout) = (core.config.connect_timeout, core.config.node_timeout);
         // The latest a create of this call may go out, whenever its future is polled (its
@@ -81,10 +97,26 @@ impl NodeCall {
                 // attempt's.
                 return (i, NodeOutcome::Absent);
             }
+            // An undo goes behind what it undoes, on its connection; where nothing of the
+            // hold went out, nothing will, and there is nothing to undo (unless the kind
+            // leaves something of earlier attempts there: a writer's intent).
+            let (route, behind) = match route {
+                Some(route) if op.is_undo() => match route.undo() {
+                    Undo::Behind(handle) => (None, Some(handle)),
+                    Undo::Nothing if !everywhere => return (i, NodeOutcome::Absent),
+                    Undo::Nothing | Undo::Anywhere => (None, None),
+                },
+                route => (route, None),
+            };
             let reply = exchange(
-                || node.connect_first(),
+                || async {
+                    match behind {
+                        Some(handle) => Ok(Connected::on(handle)),
+                        None => node.connect_first().await,
+                    }
+                },
                 timeout,
-                |connected| node.send(&command, timeout, by, connected),
+                |connected| node.send(&command, timeout, (by, route.as_ref()), connected),
             );
             let reply = match reply.await {
                 Some(reply) if reply.is_lost() && op.is_undo() => {
@@ -154,7 +186,7 @@ async fn undo_again(
         return Some(first);
     }
     let reached = || node.may_have_reached(since);
-    let send = || node.send(command, timeout, by, Connected::default());
+    let send = || node.send(command, timeout, (by, None), Connected::default());
     let resend = || tokio::time::timeout(timeout, send());
     resend_lost(first, reached, (resend, timeout, replied_by)).await
 }

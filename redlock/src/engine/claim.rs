@@ -13,6 +13,7 @@ use crate::command::Command;
 use crate::config::Ttl;
 use crate::error::{Error, ErrorKind, NodeOutcome, Result};
 use crate::quorum::{self, Settled};
+use crate::route::Routes;
 use crate::telemetry;
 use crate::timing;
 
@@ -51,6 +52,9 @@ pub(crate) struct Claim<P: Protocol> {
     generations: background::Generations,
     /// When the granting round started: the hold's duration counts from here.
     since: Instant,
+    /// Where its requests went out on each node: its undos follow them (see
+    /// [`crate::route`]).
+    routes: Routes,
     /// The nodes where the granting round saw no grant (refused, or no answer by the
     /// decision): a waiting writer's intent may be left there.
     ungranted: background::Nodes,
@@ -138,6 +142,7 @@ impl<P: Protocol> Claim<P> {
             lost: false,
             generations: core.nodes.iter().map(|node| node.generation()).collect(),
             since: started_at,
+            routes: Routes::new(n),
             ungranted: background::Nodes::new(),
         };
         let slots = Slots::new(n);
@@ -215,7 +220,9 @@ impl<P: Protocol> Claim<P> {
         let proto = self.proto.clone();
         let command = command.clone();
         let since = self.generations[i];
-        let request = NodeCall { node: i, op, command, slot: slots.get(i), since, at };
+        let (route, everywhere) = (Some(self.routes.get(i)), self.proto.records_intent());
+        let request =
+            NodeCall { node: i, op, command, slot: slots.get(i), since, at, route, everywhere };
         request.send(&self.core, move |reply| {
             if op == Op::Acquire {
                 proto.note_holder(i, reply);
@@ -234,6 +241,7 @@ impl<P: Protocol> Claim<P> {
                 NodeOutcome::Held | NodeOutcome::WriterWaiting | NodeOutcome::WrongType
             )
         };
+        self.routes.close();
         let at = clock::now();
         let (mut args, until) = self.undo_args(at);
         // Short of a quorum even where its answer is unknown, the attempt never held the
@@ -388,6 +396,7 @@ impl<P: Protocol> Claim<P> {
 
     async fn release_round(mut self) -> Result<()> {
         let was_valid = self.is_valid();
+        self.routes.close();
         let at = clock::now();
         let (args, until) = self.undo_args(at);
         let command = Arc::new(self.proto.command(Op::Release, &args));
@@ -554,7 +563,8 @@ impl<P: Protocol> Claim<P> {
     fn remake(&self, op: Op, command: &Arc<Command>) -> impl background::Remake + use<P> {
         let proto = self.proto.clone();
         let read = move |reply: &_| proto.answer(op, reply);
-        background::remake(&self.core, (self.proto.keys(), Some(self.hold())), (op, command), read)
+        let undone = (self.proto.keys(), Some(self.hold()), Some(self.routes.clone()));
+        background::remake(&self.core, undone, (op, command), read)
     }
 
     /// The release of a claim dropped while armed: on the client's own thread, so that it
@@ -564,6 +574,9 @@ impl<P: Protocol> Claim<P> {
     /// only at its next call, and a multi-thread runtime only once a worker is free (the
     /// key would stay meanwhile, up to its lease).
     fn release_detached(&mut self) {
+        // Issued here, not where its requests are first polled: from now on no create or
+        // extension of the claim goes out, wherever its future runs.
+        self.routes.close();
         let at = clock::now();
         let (args, until) = self.undo_args(at);
         let command = Arc::new(self.proto.command(Op::Release, &args));

@@ -310,6 +310,8 @@ impl Drop for GiveUp<'_> {
                     slot: slots.get(i),
                     since: self.generations[i],
                     at,
+                    route: None,
+                    everywhere: true,
                 };
                 request.send(core, protocol::script_answer)
             }),
@@ -318,7 +320,7 @@ impl Drop for GiveUp<'_> {
         // lives for a lease at most.
         let remake = background::remake(
             core,
-            (&self.keys, None),
+            (&self.keys, None, None),
             (Op::Release, &command),
             protocol::script_answer,
         );

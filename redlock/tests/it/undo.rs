@@ -1317,41 +1317,6 @@ async fn back_on(
     None
 }
 
-/// Node 2 is over its `maxmemory` (`noeviction`) when a lock is released before its create
-/// reached node 2 (that create waits for its connection's `TIME`, held back 1.5 s): the
-/// release finds nothing there, and its tombstone is the only thing it writes. Redis
-/// refuses a script's first write that may grow memory (`OOM`), but not the writes after
-/// one it ran; the tombstone must be written anyway. Memory is freed before the create
-/// comes, within its deadline: it must find the tombstone, not set the key for its lease.
-#[tokio::test]
-async fn a_release_on_a_node_out_of_memory_still_refuses_the_create_that_comes_after_it() {
-    let faulty = FaultyCluster::start(3).unwrap();
-    let (connect, node) = (Duration::from_secs(4), Duration::from_millis(200));
-    let rl = common::builder_for(faulty.urls(), node)
-        .connect_timeout(connect)
-        .ttl(LEASE)
-        .build()
-        .unwrap();
-    // The client's own connections (this current-thread runtime's) open.
-    common::warm(&rl).await;
-    common::connect_all(&rl).await;
-    faulty.proxy(2).hold_requests_containing(b"$4\r\nTIME\r\n", Duration::from_millis(1500));
-    let started = Instant::now();
-    let (lock, token, runtime, stop) = lock_on_a_new_runtime(&rl, "oom").await;
-    common::run(faulty.cluster(), 2, &["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
-    common::run(faulty.cluster(), 2, &["CONFIG", "SET", "maxmemory", "1"]);
-    lock.release().await.unwrap();
-    common::run(faulty.cluster(), 2, &["CONFIG", "SET", "maxmemory", "0"]);
-    let back = back_on(&faulty, 2, ("oom", &token), started, Duration::from_secs(4)).await;
-    let _ = stop.send(());
-    runtime.join().unwrap();
-    assert_eq!(back, None, "the released key came back on node 2 (at {back:?} from the start)");
-    assert!(
-        common::refusals(faulty.cluster().node(2), "UNDONE") > 0,
-        "the premise: node 2 ran the create after the release"
-    );
-}
-
 /// A create that waits for a new connection is stamped with that connection's reading of
 /// the node's clock, which may be far wider than the reading in use when the hold was
 /// released (here the `TIME` of the new connection is held back 2.5 s, and answered at

@@ -143,26 +143,14 @@ impl Cluster {
         self.per_node(|node| node.hgetall(key))
     }
 
-    /// How many keys match `pattern` over all live, unpaused nodes, tombstones aside: `0`
-    /// means no hold is left anywhere, e.g. `keys_everywhere("*")` after every lock was
-    /// released. (A release leaves its token's tombstone, a key with `:undone:` in its
-    /// name that expires by itself: see [`is_tombstone`](crate::is_tombstone).)
+    /// How many keys match `pattern` over all live, unpaused nodes: `0` means no hold is
+    /// left anywhere, e.g. `keys_everywhere("*")` after every lock was released.
     ///
     /// # Errors
     /// The first error of a node that was asked.
     pub fn keys_everywhere(&self, pattern: &str) -> Result<usize> {
         let keys = self.per_node(|node| node.keys(pattern))?.into_iter().flatten().flatten();
-        Ok(keys.filter(|key| !crate::is_tombstone(key)).count())
-    }
-
-    /// How many tombstones (see [`is_tombstone`](crate::is_tombstone)) match `pattern` over
-    /// all live, unpaused nodes.
-    ///
-    /// # Errors
-    /// The first error of a node that was asked.
-    pub fn tombstones_everywhere(&self, pattern: &str) -> Result<usize> {
-        let keys = self.per_node(|node| node.keys(pattern))?.into_iter().flatten().flatten();
-        Ok(keys.filter(|key| crate::is_tombstone(key)).count())
+        Ok(keys.count())
     }
 
     /// `read` on every reachable node, `None` for the others, in node order.

@@ -127,12 +127,6 @@ mod wakeup;
 
 pub use cluster::Cluster;
 
-/// Whether `key` is a token's tombstone, which redlock leaves where it undoes a hold (a
-/// release, a clean-up) so that nothing of that token is created there again; it holds
-/// nothing and expires by itself. Its name is the lock key, then `:undone:`.
-pub fn is_tombstone(key: &str) -> bool {
-    key.contains(":undone:")
-}
 pub use config::{NodeConfig, Persistence};
 pub use counter::Counter;
 pub use error::{Error, Result};

@@ -25,28 +25,25 @@ macro_rules! scripts {
 }
 
 scripts! {
-    PLAIN_ACQUIRE = "create_guard.lua", "plain_acquire.lua";
-    RELEASE = "undo_mark.lua", "release.lua";
-    EXTEND = "create_guard.lua", "extend.lua";
+    PLAIN_ACQUIRE = "plain_acquire.lua";
+    RELEASE = "notify.lua", "release.lua";
+    EXTEND = "lengthen.lua", "extend.lua";
     FENCE_RAISE = "fence_raise.lua";
-    MULTI_ACQUIRE = "create_guard.lua", "multi_acquire.lua";
-    MULTI_RELEASE = "undo_mark.lua", "multi_release.lua";
-    MULTI_EXTEND = "create_guard.lua", "multi_extend.lua";
+    MULTI_ACQUIRE = "multi_acquire.lua";
+    MULTI_RELEASE = "notify.lua", "multi_release.lua";
+    MULTI_EXTEND = "lengthen.lua", "multi_extend.lua";
     MULTI_CHECK = "multi_check.lua";
-    PERMIT_ACQUIRE = "create_guard.lua", "permit_acquire.lua";
-    PERMIT_EXTEND = "create_guard.lua", "permit_extend.lua";
-    REENTRANT_ACQUIRE =
-        "reentrant_fields.lua", "create_guard.lua", "hash_common.lua", "reentrant_acquire.lua";
+    PERMIT_ACQUIRE = "lengthen.lua", "permit_acquire.lua";
+    PERMIT_EXTEND = "lengthen.lua", "permit_extend.lua";
+    REENTRANT_ACQUIRE = "reentrant_fields.lua", "hash_common.lua", "reentrant_acquire.lua";
     REENTRANT_RELEASE =
-        "reentrant_fields.lua", "hash_common.lua", "undo_mark.lua", "hash_release.lua";
-    REENTRANT_EXTEND =
-        "reentrant_fields.lua", "create_guard.lua", "hash_common.lua", "hash_extend.lua";
+        "reentrant_fields.lua", "hash_common.lua", "notify.lua", "hash_release.lua";
+    REENTRANT_EXTEND = "reentrant_fields.lua", "hash_common.lua", "hash_extend.lua";
     REENTRANT_CHECK = "reentrant_fields.lua", "hash_common.lua", "hash_check.lua";
-    RW_READ_ACQUIRE = "rw_fields.lua", "create_guard.lua", "hash_common.lua", "rw_read_acquire.lua";
-    RW_WRITE_ACQUIRE =
-        "rw_fields.lua", "create_guard.lua", "hash_common.lua", "rw_write_acquire.lua";
-    RW_RELEASE = "rw_fields.lua", "hash_common.lua", "undo_mark.lua", "hash_release.lua";
-    RW_EXTEND = "rw_fields.lua", "create_guard.lua", "hash_common.lua", "hash_extend.lua";
+    RW_READ_ACQUIRE = "rw_fields.lua", "hash_common.lua", "rw_read_acquire.lua";
+    RW_WRITE_ACQUIRE = "rw_fields.lua", "hash_common.lua", "rw_write_acquire.lua";
+    RW_RELEASE = "rw_fields.lua", "hash_common.lua", "notify.lua", "hash_release.lua";
+    RW_EXTEND = "rw_fields.lua", "hash_common.lua", "hash_extend.lua";
     RW_CHECK = "rw_fields.lua", "hash_common.lua", "hash_check.lua";
     INSPECT = "inspect.lua";
     FORCE_RELEASE = "force_release.lua";
@@ -68,8 +65,9 @@ pub(crate) enum Resend {
 pub(crate) struct Command {
     kind: Kind,
     resend: Resend,
-    /// It creates or renews a hold: each node appends its deadline (see `create_guard.lua`).
-    bounded: bool,
+    /// It creates or renews a hold: not sent past its time to go out, nor once an undo of
+    /// its hold was issued (see `engine::call`).
+    creates: bool,
 }
 
 #[derive(Debug)]
@@ -81,7 +79,7 @@ enum Kind {
 impl Command {
     /// A plain command.
     pub(crate) fn plain(cmd: Cmd, resend: Resend) -> Self {
-        Self { kind: Kind::Plain(cmd), resend, bounded: false }
+        Self { kind: Kind::Plain(cmd), resend, creates: false }
     }
 
     /// An invocation of `script`, by hash, with the `EVAL` fallback for a node that does not
@@ -108,7 +106,7 @@ impl Command {
         for arg in args {
             arg.write_to(&mut evalsha);
         }
-        Self { kind: Kind::Script { script, evalsha }, resend, bounded: false }
+        Self { kind: Kind::Script { script, evalsha }, resend, creates: false }
     }
 
     /// What is sent first.
@@ -138,32 +136,16 @@ impl Command {
         self.resend
     }
 
-    /// Marks a script that creates or renews a hold: it ends with the request's deadline
-    /// in the node's clock, which only the node the request goes to can give
-    /// ([`crate::node::Node::send`]).
-    pub(crate) fn bounded(mut self) -> Self {
-        self.bounded = true;
+    /// Marks a command that creates or renews a hold.
+    pub(crate) fn creating(mut self) -> Self {
+        self.creates = true;
         self
     }
 
-    /// Whether it creates or renews a hold (see [`Command::bounded`]).
-    pub(crate) fn is_bounded(&self) -> bool {
-        self.bounded
+    /// Whether it creates or renews a hold (see [`Command::creating`]).
+    pub(crate) fn creates(&self) -> bool {
+        self.creates
     }
-}
-
-/// `cmd` with `last` after its arguments, made at its final size: every create gets its own
-/// deadline this way, on every node (a clone of the shared command would grow both of its
-/// buffers once more).
-pub(crate) fn with_last_arg(cmd: &Cmd, last: u64) -> Cmd {
-    let (count, size) =
-        simple_args(cmd).fold((0, 0), |(count, size), bytes| (count + 1, size + bytes.len()));
-    let mut with = Cmd::with_capacity(count + 1, size + 20);
-    for bytes in simple_args(cmd) {
-        with.arg(bytes);
-    }
-    with.arg(last);
-    with
 }
 
 /// The arguments of `cmd` (the library's commands have no cursor argument).
@@ -175,7 +157,7 @@ fn simple_args(cmd: &Cmd) -> impl Iterator<Item = &[u8]> {
 }
 
 /// A number's decimal digits, kept on the stack: the numbers a command carries (a lease, a
-/// tombstone's life) without a `String` each.
+/// count of permits) without a `String` each.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Digits {
     bytes: [u8; 20],

@@ -52,7 +52,7 @@
 //!
 //! # How a lock is taken
 //! An attempt sends a script that sets `key` to a fresh token if nobody holds it (what
-//! `SET key token NX PX ttl` does, with a deadline: see [`guide::order`]) to every node at
+//! `SET key token NX PX ttl` does, and it names the holder otherwise) to every node at
 //! once, each under its own
 //! [node timeout](RedlockBuilder::node_timeout), with a fresh 160-bit random token. It is
 //! decided as soon as the outcome is certain: granted when a quorum (`N/2 + 1`) said yes,
@@ -64,8 +64,8 @@
 //! timed from the attempt's own start with a monotonic clock that counts the time the
 //! machine is suspended where the platform allows (see below); a quorum that took the whole
 //! TTL is refused ([`ErrorKind::Expired`]). A refused attempt releases its token on every
-//! node that may hold it, including nodes that never answered; a `SET` that lands there
-//! later finds the release's tombstone, or is past its deadline, and sets nothing
+//! node that may hold it, including nodes that never answered, behind the attempt's own
+//! requests there, and nothing of the attempt goes out once that clean-up is issued
 //! ([`guide::order`]).
 //!
 //! A node with no connection yet (the first request of a process, or the first after its
@@ -166,12 +166,10 @@
 //! [`ErrorKind::Shutdown`], and a waiting `lock()` stops waiting and answers the same.
 //!
 //! # Limits worth knowing
-//! - One token's requests may reach a node in any order, each any number of times (see
-//!   [`guide::order`]): every create carries a deadline in the node's clock, and every undo
-//!   leaves a tombstone that refuses the token's later creates. This rests on the node's
-//!   clock not stepping back between the client's readings of it (every ten seconds of
-//!   use, and on every new connection) by more than 1 ms a second; and on `TIME` being
-//!   allowed (an ACL user without `+time` gets creates with no deadline, and a warning).
+//! - An undo goes out behind its hold's unanswered creates on their connection
+//!   ([`guide::order`]). A create written on a connection that then broke, and read by
+//!   the node only later, can still run after its undo: its key then stays until its
+//!   lease ends, holding a token no other client counts as its own (never two holders).
 //! - A hung node's connection is kept until the node answers again or TCP gives up on it;
 //!   meanwhile that node counts as timed out. The requests queued behind it are bounded
 //!   (the socket's buffers, then 4096 more in the client): past that, later requests to it
@@ -179,8 +177,9 @@
 //!   node; no test does.)
 //! - An undo that cannot reach its node (a reset, a node down that may come back with its
 //!   data), or that the node puts off (`LOADING` while it restarts, `BUSY` while a script
-//!   runs), is sent again, with pauses up to a second, until the hold's horizon (its TTL,
-//!   the connect and node timeouts and the clock error after its last create); a node that
+//!   runs), is sent again, with pauses up to a second, until whatever the hold's last
+//!   create or extension could set has expired (its round's start, the connect timeout and
+//!   two node timeouts, its TTL and the drift allowance); a node that
 //!   comes back later than that has let the key expire by itself. A shutdown does not wait
 //!   for these re-sends: it names their nodes.
 //! - A forced release reads the holds first and then removes, on every node at once, only
@@ -238,7 +237,6 @@ mod telemetry;
 pub mod test_hooks;
 mod timing;
 mod token;
-mod tombstone;
 
 /// The [`redis`](https://docs.rs/redis) crate this library is built on, re-exported so that
 /// a connection made with it (the store of [`fence::fenced_set`]) is of the version the

@@ -6,21 +6,18 @@
 //! runtime that uses the client gets its own connection to each node, opened on first use
 //! there and dropped when that runtime ends; the client's own thread has one for its
 //! background work and for every caller whose runtime may sit idle (see [`Place`]). Nothing
-//! orders one connection's requests with another's, and nothing needs to: every create
-//! carries a deadline in the node's clock and respects its token's tombstone, and every
-//! undo leaves one (see the guide's order page), so a request may reach a node before,
-//! after or without the requests it undoes, on any connection.
+//! orders one connection's requests with another's: an undo goes out behind what it undoes
+//! on that request's connection (see [`crate::route`]).
 //!
 //! Requests carry no timer: callers bound them. A connect is bounded by the connect
 //! timeout, and a caller may wait for it first ([`Node::connect_first`]) so that its own
 //! timer covers only its exchange with the node: a cold start over a slow link (TCP, TLS,
-//! `SCRIPT LOAD`, `TIME`, `INFO`: several round trips) does not eat the node timeout of the
-//! first request. Every new connection reads the node's clock and its `INFO server` before
-//! it is used (restart quarantine, the server check).
+//! `SCRIPT LOAD`, `INFO`: several round trips) does not eat the node timeout of the
+//! first request. Every new connection reads the node's `INFO server` before it is used
+//! (restart quarantine, the server check).
 
 use crate::timing;
-use std::borrow::Cow;
-use std::collections::VecDeque;
+
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError, Weak};
@@ -28,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::{BoxFuture, FutureExt, Shared};
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, Cmd, RedisError, Value};
+use redis::{AsyncConnectionConfig, Client, Cmd, RedisError, RedisResult, Value};
 use tokio::runtime::{Handle as Runtime, Id as RuntimeId, RuntimeFlavor};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -135,12 +132,23 @@ impl Failure {
 #[derive(Debug)]
 pub(crate) struct Reply {
     pub(crate) value: Result<Value, Failure>,
+    /// An earlier send of the command may have run before the one this answers (its
+    /// connection dropped with it, and it was sent again): an undo's answer then cannot
+    /// tell what it found from what that earlier send left.
+    pub(crate) resent: bool,
+    /// The command may have reached the node (false when no connection could be had).
+    pub(crate) sent: bool,
 }
 
 impl Reply {
     /// No connection could be had: nothing left the client.
     pub(crate) fn unconnected(failure: Failure) -> Self {
-        Reply { value: Err(failure) }
+        Reply { value: Err(failure), resent: false, sent: false }
+    }
+
+    /// A reply to `value`, the command's first send.
+    pub(crate) fn of(value: Result<Value, Failure>) -> Self {
+        Reply { value, resent: false, sent: true }
     }
 
     /// What the reply says of whether the node hangs: `Some(false)` when the node itself
@@ -446,147 +454,6 @@ pub(crate) struct Node {
     epoch: Instant,
     /// The server processes the client's nodes reached, shared by all of them.
     servers: Arc<server::Servers>,
-    /// The node's clock as last read (`TIME` when a connection opens, and again when the
-    /// reading grows old): what a create's deadline is written in.
-    clock: Arc<Mutex<Option<NodeClock>>>,
-    /// A fresh reading of the node's clock is under way.
-    reading_clock: Arc<AtomicBool>,
-    /// The widest error deadlines on this node were given, by period: how late past its
-    /// sender's timeout a create may still run there ([`Node::late_by`]).
-    errors: Mutex<ErrorHistory>,
-    /// The latest period of `errors` and its widest error so far, packed (see [`packed`]):
-    /// a deadline whose error is no wider, in the same period, takes no lock.
-    errors_latest: AtomicU64,
-    /// When reading the node's clock last failed, in nanoseconds from `epoch` (0: it did
-    /// not): it is not tried again before [`timing::CLOCK_RESYNC`] has passed.
-    clock_failed_at: AtomicU64,
-    /// When a create was last given no deadline (its clock never read), in nanoseconds from
-    /// `epoch`, plus one (0: never): such a create may run however late.
-    undated_at: AtomicU64,
-}
-
-fn duration_us(duration: Duration) -> u64 {
-    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
-}
-
-fn duration_ns(duration: Duration) -> u64 {
-    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
-}
-
-/// `period` and the widest error `us` in one word, for a check without a lock: the period
-/// in the high half (seconds since the node was made: 136 years), the error, capped, in the
-/// low half (a wider error always takes the lock).
-fn packed(period: u64, us: u64) -> u64 {
-    (period.min(u64::from(u32::MAX) - 1) << 32) | us.min(u64::from(u32::MAX))
-}
-
-/// The widest clock errors a node's deadlines were given, by period.
-#[derive(Debug, Default)]
-struct ErrorHistory {
-    /// `(period, widest error in µs)`, oldest first, at most
-    /// [`timing::CLOCK_ERROR_PERIODS`] of them (periods without a deadline have none).
-    periods: VecDeque<(u64, u64)>,
-    /// The widest error of the periods dropped from `periods`.
-    forgotten: u64,
-}
-
-impl ErrorHistory {
-    /// Records an error of `us` given in `period`; returns the widest of that period's
-    /// entry. One recorded late (its period read before a newer one began) goes to the
-    /// first entry of a later period: counted from any instant before it, never lost.
-    fn record(&mut self, period: u64, us: u64) -> u64 {
-        let at = self.periods.iter().rposition(|(p, _)| *p < period).map_or(0, |i| i + 1);
-        if let Some(entry) = self.periods.get_mut(at) {
-            entry.1 = entry.1.max(us);
-            return entry.1;
-        }
-        self.periods.push_back((period, us));
-        if self.periods.len() > timing::CLOCK_ERROR_PERIODS
-            && let Some((_, widest)) = self.periods.pop_front()
-        {
-            self.forgotten = self.forgotten.max(widest);
-        }
-        us
-    }
-
-    /// The widest error given in `period` or later; with the forgotten periods' when some
-    /// of them may have been as late.
-    fn since(&self, period: u64) -> u64 {
-        let recent = self.periods.iter().rev().take_while(|(p, _)| *p >= period);
-        let kept = recent.map(|(_, us)| *us).max();
-        let forgotten = match self.periods.front() {
-            Some((oldest, _)) if *oldest <= period => 0,
-            _ => self.forgotten,
-        };
-        kept.unwrap_or(0).max(forgotten)
-    }
-}
-
-/// One reading of a node's clock.
-#[derive(Clone, Copy, Debug)]
-struct NodeClock {
-    /// The local instant halfway through the `TIME` round trip.
-    at: Instant,
-    /// What `TIME` said, in microseconds of the node's clock.
-    node_us: u64,
-    /// Half the round trip: how far the node's reading may be from `at`.
-    error: Duration,
-}
-
-/// How a deadline treats a reading of the node's clock, by its age.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Freshness {
-    /// Used as it is.
-    Fresh,
-    /// Used, and read again in the background: its error grows with its age.
-    Aging,
-    /// Read again first (a node left idle): no deadline carries a stale reading's error.
-    Stale,
-}
-
-impl Freshness {
-    fn of(age: Duration) -> Self {
-        if age <= timing::CLOCK_RESYNC {
-            Self::Fresh
-        } else if age <= timing::CLOCK_RESYNC * 2 {
-            Self::Aging
-        } else {
-            Self::Stale
-        }
-    }
-}
-
-impl NodeClock {
-    /// A `TIME` reply of `(seconds, microseconds)` to a request sent at `sent` and answered
-    /// at `received`: taken for the midpoint, give or take half the round trip.
-    fn taken(sent: Instant, received: Instant, (secs, micros): (u64, u64)) -> Self {
-        let half = received.saturating_duration_since(sent) / 2;
-        let node_us = secs.saturating_mul(1_000_000).saturating_add(micros);
-        NodeClock { at: sent + half, node_us, error: half }
-    }
-
-    /// The reading's error at `now`: its round trip's, grown by the drift since.
-    fn error(&self, now: Instant) -> Duration {
-        self.error_at_age(now.saturating_duration_since(self.at))
-    }
-
-    /// [`NodeClock::error`] at `age` past the reading.
-    fn error_at_age(&self, age: Duration) -> Duration {
-        let aged = age.mul_f64(timing::CLOCK_DRIFT);
-        (self.error + aged).max(timing::CLOCK_MIN_ERROR)
-    }
-
-    /// Whether `other` reads the clock this reading read: what this one says the node's
-    /// clock showed at `other.at` is within both readings' errors of what `other` read.
-    /// Not so when another server answers at the same address (a failover), or when the
-    /// node's clock was stepped.
-    fn agrees_with(&self, other: &NodeClock) -> bool {
-        let (earlier, later) = if self.at <= other.at { (self, other) } else { (other, self) };
-        let age = later.at.saturating_duration_since(earlier.at);
-        let predicted = u128::from(earlier.node_us) + age.as_micros();
-        let apart = predicted.abs_diff(u128::from(later.node_us));
-        apart <= (earlier.error_at_age(age) + later.error_at_age(Duration::ZERO)).as_micros()
-    }
 }
 
 impl std::fmt::Debug for Node {
@@ -619,12 +486,6 @@ impl Node {
             hung_until: AtomicU64::new(0),
             epoch: crate::clock::now(),
             servers,
-            clock: Arc::default(),
-            reading_clock: Arc::default(),
-            errors: Mutex::default(),
-            errors_latest: AtomicU64::new(u64::MAX),
-            clock_failed_at: AtomicU64::new(0),
-            undated_at: AtomicU64::new(0),
         }
     }
 
@@ -633,170 +494,6 @@ impl Node {
     pub(crate) fn connections_per_runtime(mut self, on: bool) -> Self {
         self.per_runtime = on;
         self
-    }
-
-    /// The deadline, in the node's milliseconds, of a request sent now that its sender
-    /// waits `within` for: the node's clock now as estimated, plus `within`, plus the
-    /// estimate's error, so that a request that reaches the node while its sender still
-    /// waits is never refused; 0 (none) while the node's clock was never read.
-    ///
-    /// A reading older than [`timing::CLOCK_RESYNC`] is taken again in the background; one older
-    /// than twice that (a node left idle) first, so that no deadline carries the error of
-    /// a stale reading.
-    pub(crate) async fn deadline(&self, within: Duration) -> u64 {
-        if let Some(deadline) = self.known_deadline(within, crate::clock::now()) {
-            return deadline;
-        }
-        // Stale, or never read (its `TIME` was refused): read it first, at most once per
-        // resync period while it keeps failing.
-        self.read_clock_now(within).await;
-        // The reading in use: the fresh one, an aged one still narrower, or one that
-        // another caller took meanwhile.
-        let clock = lock_ignoring_poison(&self.clock);
-        let now = crate::clock::now();
-        let Some(reading) = *clock else {
-            self.undated_at.fetch_max(self.nanos(now).saturating_add(1), Ordering::Relaxed);
-            return 0;
-        };
-        self.deadline_aged(reading, within, now, now.saturating_duration_since(reading.at))
-    }
-
-    /// [`Node::deadline`] at `now` without waiting: from the reading of the node's clock
-    /// as it stands, when fresh enough (an aging one is taken again in the background);
-    /// `None` when it must be read first.
-    fn known_deadline(&self, within: Duration, now: Instant) -> Option<u64> {
-        let clock = lock_ignoring_poison(&self.clock);
-        let reading = (*clock)?;
-        let age = now.saturating_duration_since(reading.at);
-        let freshness = Freshness::of(age);
-        let deadline =
-            (freshness != Freshness::Stale).then(|| self.deadline_aged(reading, within, now, age));
-        drop(clock);
-        if freshness == Freshness::Aging {
-            self.read_clock_again();
-        }
-        deadline
-    }
-
-    /// The deadline from `clock`, a reading `age` old at `now` (every create reads its age
-    /// once). Called with the reading's lock held: a narrower reading that replaces it
-    /// waits until this deadline's error is noted, so that a horizon (`Node::late_by`,
-    /// which reads the reading in use, then the errors noted) counts it either way.
-    fn deadline_aged(
-        &self,
-        clock: NodeClock,
-        within: Duration,
-        now: Instant,
-        age: Duration,
-    ) -> u64 {
-        let error = clock.error_at_age(age);
-        self.note_error(now, duration_us(error));
-        let elapsed = age + within + error;
-        let us = u128::from(clock.node_us) + elapsed.as_micros();
-        u64::try_from(us.div_ceil(1000)).unwrap_or(u64::MAX)
-    }
-
-    /// Records that a deadline given at `now` carries an error of `us` microseconds.
-    fn note_error(&self, now: Instant, us: u64) {
-        let period = self.nanos(now) / duration_ns(timing::CLOCK_ERROR_PERIOD).max(1);
-        let latest = self.errors_latest.load(Ordering::Relaxed);
-        if latest != u64::MAX && latest >> 32 == period && us <= latest & u64::from(u32::MAX) {
-            return;
-        }
-        let mut errors = lock_ignoring_poison(&self.errors);
-        let widest = errors.record(period, us);
-        // Stored under the lock: it always names a period `errors` holds at least as wide.
-        self.errors_latest.store(packed(period, widest), Ordering::Relaxed);
-    }
-
-    /// Whether every create sent to the node since `since`, and every one still to be
-    /// stamped, carries a deadline: its clock is read, and was when each was stamped
-    /// (readings are replaced, never dropped).
-    pub(crate) fn dates_creates_since(&self, since: Instant) -> bool {
-        // Read under the reading's lock, under which an undated create notes itself.
-        let clock = lock_ignoring_poison(&self.clock);
-        let undated = self.undated_at.load(Ordering::Relaxed);
-        clock.is_some() && (undated == 0 || undated <= self.nanos(since))
-    }
-
-    /// How far past a request's own timeout the node may still run a create of a hold whose
-    /// first round started at `since`: what a client that gave up on that create must still
-    /// wait out before nothing of it can appear. Twice the widest error a deadline on this
-    /// node was given since then, or that the reading in use has now (the deadline adds
-    /// the error once, and the node's clock may be off by as much the other way);
-    /// [`timing::UNREAD_CLOCK_ERROR`], or the connect timeout if longer, while the node's clock was
-    /// never read.
-    ///
-    /// Never narrower than any create of the hold needs: each got its deadline after
-    /// `since` (kept by periods of [`timing::CLOCK_ERROR_PERIOD`] from the one `since` falls
-    /// in, and beyond [`timing::CLOCK_ERROR_PERIODS`] of them the widest of the periods
-    /// forgotten), or gets it later from the reading in use (its error only grows with its
-    /// age until the create's deadline is given: a reading taken later replaces it only
-    /// when narrower, see [`keep_reading`]). A slow reading once, long before, no
-    /// longer counts: it widens the bounds of the holds whose creates it stamped only.
-    ///
-    /// The reading in use counts with the error it will have aged to by `now`: the latest
-    /// a create still to be stamped may be stamped (a caller that asks every node reads
-    /// the clock once).
-    pub(crate) fn late_by(&self, since: Instant, now: Instant) -> Duration {
-        let Some(reading) = *lock_ignoring_poison(&self.clock) else {
-            // A first reading may still come, as slow as a connect (or a read of the clock)
-            // may run: its error up to half that, twice over for a create it stamps.
-            return timing::UNREAD_CLOCK_ERROR.max(self.connect_timeout);
-        };
-        let period = self.nanos(since) / duration_ns(timing::CLOCK_ERROR_PERIOD).max(1);
-        let given = lock_ignoring_poison(&self.errors).since(period);
-        let now = duration_us(reading.error(now));
-        let widest = given.max(now).max(duration_us(timing::CLOCK_MIN_ERROR));
-        Duration::from_micros(widest) * 2
-    }
-
-    /// Reads the node's clock on the caller's open connection now (for at most `within`), and keeps
-    /// the reading (see [`keep_reading`]); not when that failed, or was wider than the reading
-    /// in use, less than [`timing::CLOCK_RESYNC`] ago.
-    async fn read_clock_now(&self, within: Duration) {
-        let now = crate::clock::now();
-        let failed = self.clock_failed_at.load(Ordering::Relaxed);
-        if failed != 0 && self.nanos(now) < failed.saturating_add(duration_ns(timing::CLOCK_RESYNC))
-        {
-            return;
-        }
-        let Some(handle) = self.ready() else { return };
-        let mut connection = handle.connection;
-        // Within the connect timeout too: no reading's error exceeds half of it (see
-        // `Node::late_by` while none was taken).
-        let within = within.min(self.connect_timeout);
-        match tokio::time::timeout(within, read_clock(&mut connection)).await {
-            Ok(Ok(fresh)) if keep_reading(&self.clock, fresh) => {
-                self.clock_failed_at.store(0, Ordering::Relaxed);
-            }
-            // Wider than the aged reading in use: that one stays, and is not read again
-            // first for a while (each create would wait for a `TIME` meanwhile).
-            _ => self.clock_failed_at.store(self.nanos(now).max(1), Ordering::Relaxed),
-        }
-    }
-
-    /// Reads the node's clock again on the caller's open connection, in the background (one
-    /// at a time); a reading with a smaller error replaces the old one.
-    fn read_clock_again(&self) {
-        let Some(handle) = self.ready() else { return };
-        if self.reading_clock.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let (clock, reading) = (self.clock.clone(), self.reading_clock.clone());
-        let timeout = self.connect_timeout;
-        // Where the connection's driver runs: the reading then crosses no thread either.
-        let task = self.spawn_in(self.place(), async move {
-            let mut connection = handle.connection;
-            if let Ok(Ok(fresh)) = tokio::time::timeout(timeout, read_clock(&mut connection)).await
-            {
-                keep_reading(&clock, fresh);
-            }
-            reading.store(false, Ordering::Release);
-        });
-        if task.is_none() {
-            self.reading_clock.store(false, Ordering::Release);
-        }
     }
 
     /// Whether the node's process started less than the restart quarantine ago, so that its
@@ -949,23 +646,22 @@ impl Node {
     /// earlier call that turns out to be broken is replaced, and the command re-sent on
     /// the new one only if it is [`Resend::Safe`]: it may have run before the drop.
     ///
-    /// A [bounded](Command::bounded) command gets its deadline here: `within` from now in
-    /// the node's clock, plus the estimate's error (see [`Node::deadline`]); it is not sent
-    /// at all once `by` has passed (it answers `LATE`, as the node would): the client's
-    /// bounds on what a create may still set count on every create going out by then,
-    /// however late its future is polled (a caller's runtime idle or blocked meanwhile).
+    /// A [creating](Command::creating) command is not sent at all once `by` has passed,
+    /// nor once an undo of its hold was issued (its `route`: see [`Route::queue`]); it
+    /// answers `LATE` or `WITHHELD` then: the client's bounds on what a create may still
+    /// set count on every create going out by then, however late its future is polled (a
+    /// caller's runtime idle or blocked meanwhile).
     ///
     /// `connected` is what [`Node::connect_first`] found, if it was just now.
     pub(crate) async fn send(
         &self,
         command: &Command,
-        within: Duration,
-        (by, route): (Option<Instant>, Option<&Route>),
+        (by, route, also): (Option<Instant>, Option<&Route>, Option<&Route>),
         connected: Connected,
     ) -> Reply {
         // A create without a time to go out by goes out by now: never later than asked.
-        let bound = command.is_bounded().then(|| (within, by.unwrap_or_else(crate::clock::now)));
-        let bound = Bound { deadline: bound, route };
+        let by = command.creates().then(|| by.unwrap_or_else(crate::clock::now));
+        let bound = Bound { by, route, also };
         let reply = self.send_cmd(command.first(), command.resend(), bound, connected.0).await;
         if !matches!(&reply.value, Err(failure) if failure.is_noscript()) {
             return reply;
@@ -974,29 +670,9 @@ impl Node {
         // NOSCRIPT: the script did not run, so sending it in full is no repetition. Boxed,
         // like every rare path here: the request future stays smaller, and a round moves
         // its requests around.
-        Box::pin(self.send_cmd(&eval, command.resend(), bound, None)).await
-    }
-
-    /// `cmd`, ending with its deadline if it is `bound` to be given up on that long after
-    /// it goes out (see [`Node::deadline`]): stamped once its connection is there, so that
-    /// the deadline is read from that connection's reading of the node's clock. `Err` for
-    /// a bound command whose time to go out has passed: it must not go out.
-    async fn stamped<'a>(
-        &self,
-        cmd: &'a Cmd,
-        bound: Option<(Duration, Instant)>,
-    ) -> Result<Cow<'a, Cmd>, Failure> {
-        let Some((within, by)) = bound else { return Ok(Cow::Borrowed(cmd)) };
-        let now = crate::clock::now();
-        let (deadline, now) = match self.known_deadline(within, now) {
-            Some(deadline) => (deadline, now),
-            None => (Box::pin(self.deadline(within)).await, crate::clock::now()),
-        };
-        if now > by {
-            let message = "LATE the request was due to go out earlier: not sent";
-            return Err(Failure::Server { code: "LATE".into(), message: message.into() });
-        }
-        Ok(Cow::Owned(command::with_last_arg(cmd, deadline)))
+        let resent = reply.resent;
+        let reply = Box::pin(self.send_cmd(&eval, command.resend(), bound, None)).await;
+        Reply { resent: resent || reply.resent, sent: true, ..reply }
     }
 
     /// `cmd` on `first` if given (the caller's connection, looked up a moment ago), or on
@@ -1018,14 +694,13 @@ impl Node {
                 Err(failure) => return Reply::unconnected(failure),
             },
         };
-        let stamped = match self.stamped(cmd, bound.deadline).await {
-            Ok(stamped) => stamped,
-            Err(failure) => return Reply { value: Err(failure) },
-        };
-        match self.send_on(first, &stamped, bound.route).await {
-            Sent::Reply(value) => Reply { value },
+        match self.send_on(first, cmd, bound).await {
+            Sent::Reply(value) => Reply::of(value),
             // Safe to repeat (every lock operation is): once more on a new connection.
-            Sent::Stale(_) => Box::pin(self.send_anew(cmd, bound)).await,
+            Sent::Stale(_, written) => {
+                let reply = Box::pin(self.send_anew(cmd, bound)).await;
+                Reply { resent: written || reply.resent, sent: written || reply.sent, ..reply }
+            }
         }
     }
 
@@ -1040,7 +715,7 @@ impl Node {
         let mut connection = self.connection().await;
         if let Ok(handle) = &connection
             && !handle.fresh
-            && !matches!(self.send_on(handle.clone(), &PING, None).await, Sent::Reply(_))
+            && !matches!(self.send_on(handle.clone(), &PING, Bound::NONE).await, Sent::Reply(_))
         {
             // Found closed (and discarded): a new one.
             connection = self.connection().await;
@@ -1049,41 +724,53 @@ impl Node {
             Ok(handle) => handle,
             Err(failure) => return Reply::unconnected(failure),
         };
-        let value = match self.send_on(handle, cmd, None).await {
+        let value = match self.send_on(handle, cmd, Bound::NONE).await {
             Sent::Reply(value) => value,
-            Sent::Stale(failure) => Err(failure),
+            Sent::Stale(failure, _) => Err(failure),
         };
-        Reply { value }
+        Reply::of(value)
     }
 
     /// Sends `cmd` on a new connection: a connection opened before this call may have
     /// died since (a node restart, an idle timeout), and one more try spares the caller a
     /// spurious failure.
     async fn send_anew(&self, cmd: &Cmd, bound: Bound<'_>) -> Reply {
-        let value = match self.connection().await {
-            Ok(handle) => match self.stamped(cmd, bound.deadline).await {
-                Ok(stamped) => match self.send_on(handle, &stamped, bound.route).await {
-                    Sent::Reply(value) => value,
-                    Sent::Stale(failure) => Err(failure),
-                },
-                Err(failure) => Err(failure),
+        match self.connection().await {
+            Ok(handle) => match self.send_on(handle, cmd, bound).await {
+                Sent::Reply(value) => Reply::of(value),
+                Sent::Stale(failure, true) => Reply::of(Err(failure)),
+                Sent::Stale(failure, false) => Reply::unconnected(failure),
             },
-            Err(failure) => Err(failure),
-        };
-        Reply { value }
+            Err(failure) => Reply::unconnected(failure),
+        }
     }
 
-    /// `cmd` on `handle`'s connection; a create or extension on its hold's `route` (not
-    /// sent once an undo of the hold was issued: see [`Route::queue`]).
-    async fn send_on(&self, handle: Handle, cmd: &Cmd, route: Option<&Route>) -> Sent {
+    /// `cmd` on `handle`'s connection; a create or extension within its `bound` (not sent
+    /// past its time to go out, nor once an undo of its hold was issued).
+    async fn send_on(&self, handle: Handle, cmd: &Cmd, bound: Bound<'_>) -> Sent {
+        if bound.by.is_some_and(|by| crate::clock::now() > by) {
+            let message = "LATE the request was due to go out earlier: not sent";
+            return Sent::Reply(Err(Failure::Server {
+                code: "LATE".into(),
+                message: message.into(),
+            }));
+        }
         let mut connection = handle.connection.clone();
-        let send = connection.send_packed_command(cmd);
-        let sent = match route {
-            None => send.await,
-            Some(route) => match route.queue(&handle, send).await {
-                Some(sent) => sent,
-                None => return Sent::Reply(Err(Failure::withheld())),
-            },
+        let send = with_first_poll(connection.send_packed_command(cmd));
+        fn answered((sent, _): &(RedisResult<Value>, bool)) -> bool {
+            sent.is_ok()
+        }
+        let queued = match (bound.route, bound.also) {
+            (None, _) => Some(send.await),
+            (Some(route), None) => route.queue(&handle, send, answered).await,
+            (Some(route), Some(also)) => {
+                let inner = route.queue(&handle, send, answered);
+                let answered_too = |sent: &Option<_>| sent.as_ref().is_some_and(answered);
+                also.queue(&handle, inner, answered_too).await.flatten()
+            }
+        };
+        let Some((sent, at_once)) = queued else {
+            return Sent::Reply(Err(Failure::withheld()));
         };
         match sent {
             Ok(Value::ServerError(err)) => Sent::Reply(Err(Failure::from_redis(&err.into()))),
@@ -1091,7 +778,11 @@ impl Node {
             Err(err) if err.is_unrecoverable_error() || err.is_connection_dropped() => {
                 self.discard(handle.generation);
                 let failure = Failure::from_redis(&err);
-                if handle.fresh { Sent::Reply(Err(failure)) } else { Sent::Stale(failure) }
+                if handle.fresh {
+                    Sent::Reply(Err(failure))
+                } else {
+                    Sent::Stale(failure, !at_once)
+                }
             }
             Err(err) => Sent::Reply(Err(Failure::from_redis(&err))),
         }
@@ -1211,10 +902,10 @@ impl Node {
         let timeout = self.connect_timeout;
         let (quarantine, quarantined_until) = (self.quarantine, self.quarantined_until.clone());
         let (servers, name) = (self.servers.clone(), self.name.clone());
-        let (clock, connections) = (self.clock.clone(), self.connections.clone());
+        let connections = self.connections.clone();
         let task = self.spawn_in(place, async move {
             let seen = Seen { servers: &servers, name: &name };
-            let open = open(&client, timeout, quarantine, &quarantined_until, seen, &clock);
+            let open = open(&client, timeout, quarantine, &quarantined_until, seen);
             let result = match tokio::time::timeout(timeout, open).await {
                 Ok(result) => result,
                 Err(_) => Err(Failure::ConnectTimedOut),
@@ -1296,7 +987,6 @@ async fn open(
     quarantine: Duration,
     quarantined_until: &Mutex<Option<Instant>>,
     seen: Seen<'_>,
-    clock: &Mutex<Option<NodeClock>>,
 ) -> Result<MultiplexedConnection, Failure> {
     let unreachable = |err: RedisError| {
         if let Some(failure) = denied::certificate(&err).or_else(|| denied::not_redis(&err)) {
@@ -1338,28 +1028,6 @@ async fn open(
             "scripts not preloaded (an ACL user without `script|load`?): they still run, but \
              a release queued behind a SET on a hung node may then be lost"
         );
-    }
-    // Before any create goes out on it: a create's deadline is written in the node's clock.
-    match read_clock(&mut connection).await {
-        Ok(reading) => {
-            keep_reading(clock, reading);
-        }
-        Err(err) if err.is_io_error() || err.is_connection_dropped() || err.is_timeout() => {
-            return Err(unreachable(err));
-        }
-        // A node busy with a script, loading its data, ...: not a connection to use yet
-        // (creates on it would carry no deadline); the next request connects again.
-        Err(err) if err.code().is_some_and(|code| !matches!(code, "NOPERM" | "ERR")) => {
-            return Err(Failure::from_redis(&err));
-        }
-        // Refused (an ACL user without `+time`) or not understood: the node still works,
-        // without deadlines (read again now and then: see `Node::deadline`).
-        Err(err) => tracing::warn!(
-            target: "redlock",
-            %err,
-            "the node's clock could not be read (an ACL user without `+time`?): creates on it \
-             carry no deadline, so one that reaches it late may outlive its undo"
-        ),
     }
     let reply = connection.send_packed_command(redis::cmd("INFO").arg("server")).await;
     let replied_at = Instant::now();
@@ -1412,48 +1080,6 @@ async fn open(
     Ok(connection)
 }
 
-/// Makes `fresh` the reading of the node's clock in use, unless the one in use has a
-/// smaller error now; `true` when `fresh` is in use. Every reading of one node's clock stays
-/// good, its error growing with its age, and a hold's horizon counts the error of the
-/// reading in use when it is computed (`Node::late_by`) for the creates still to be stamped:
-/// a wider reading taken later (a new connection whose `TIME` was slow) would stamp them
-/// with a deadline later than that horizon counts on, and such a create landing after the
-/// release's tombstone would set its key again.
-///
-/// Unless the two disagree (see [`NodeClock::agrees_with`]): the one in use then tells the
-/// clock of another server (a failover behind the same address) or of a clock since
-/// stepped, and the horizons it was counted in are no better than the fresh one.
-fn keep_reading(clock: &Mutex<Option<NodeClock>>, fresh: NodeClock) -> bool {
-    let now = crate::clock::now();
-    let mut clock = lock_ignoring_poison(clock);
-    if let Some(current) = *clock
-        && current.error(now) < fresh.error(now)
-    {
-        if current.agrees_with(&fresh) {
-            return false;
-        }
-        tracing::warn!(
-            target: "redlock",
-            "a new reading of a node's clock disagrees with the one in use (another server \
-             behind its address, or its clock stepped): the new one is used"
-        );
-    }
-    *clock = Some(fresh);
-    true
-}
-
-/// Reads the node's clock with `TIME`, timing the round trip.
-async fn read_clock(connection: &mut MultiplexedConnection) -> Result<NodeClock, RedisError> {
-    let sent = crate::clock::now();
-    let reply = connection.send_packed_command(&redis::cmd("TIME")).await?;
-    let received = crate::clock::now();
-    if let Value::ServerError(err) = reply {
-        return Err(err.into());
-    }
-    let time: (u64, u64) = redis::from_redis_value(reply)?;
-    Ok(NodeClock::taken(sent, received, time))
-}
-
 /// Where a connecting node records the server it reached.
 #[derive(Clone, Copy)]
 struct Seen<'a> {
@@ -1475,19 +1101,40 @@ fn load_scripts() -> redis::Pipeline {
     pipe
 }
 
-/// What bounds a create or extension: the time it goes out by (with its deadline's
-/// `within`), and its hold's route on the node.
+/// What bounds a create or extension: the time it goes out by, and its hold's route on
+/// the node.
 #[derive(Clone, Copy)]
 struct Bound<'a> {
-    deadline: Option<(Duration, Instant)>,
+    by: Option<Instant>,
     route: Option<&'a Route>,
+    /// A second route it is recorded on (its wait's, for a writer's withdrawal).
+    also: Option<&'a Route>,
+}
+
+impl Bound<'_> {
+    /// For a command that creates nothing.
+    const NONE: Self = Self { by: None, route: None, also: None };
 }
 
 enum Sent {
     Reply(Result<Value, Failure>),
     /// The connection, cached from an earlier call, was already dead (or died with the
-    /// command): it may or may not have run.
-    Stale(Failure),
+    /// command): it may or may not have run, unless it was refused at once, before
+    /// anything was written (`written` false: its first poll found the connection closed).
+    Stale(Failure, bool),
+}
+
+/// `send` and whether it ended at its first poll: a send refused then (its connection
+/// closed) wrote nothing. Only a connection's driver failing between queueing it and that
+/// same poll's end, on another thread, would slip by.
+async fn with_first_poll<F: Future>(send: F) -> (F::Output, bool) {
+    let mut send = std::pin::pin!(send);
+    let mut first = true;
+    std::future::poll_fn(|cx| {
+        let at_once = std::mem::replace(&mut first, false);
+        send.as_mut().poll(cx).map(|output| (output, at_once))
+    })
+    .await
 }
 
 #[cfg(test)]
@@ -1599,7 +1246,7 @@ mod tests {
             !node.is_hung(crate::clock::now() + timing::LATE_FOR),
             "waited for again after a while"
         );
-        let reply = |value| Reply { value };
+        let reply = Reply::of;
         // A dead node's quick refusals say nothing of whether requests that reach it stall
         // (an acquisition queued behind its clean-ups' retries times out).
         assert_eq!(reply(Err(Failure::Unreachable("reset".into()))).hangs(), None);
@@ -1610,147 +1257,6 @@ mod tests {
         assert_eq!(reply(Ok(Value::Okay)).hangs(), Some(false));
         node.set_hung(false);
         assert!(!node.is_hung(crate::clock::now()));
-    }
-
-    #[test]
-    fn a_clock_readings_error_is_half_its_round_trip_grown_by_the_drift_and_at_least_a_millisecond()
-    {
-        let ms = Duration::from_millis;
-        let sent = crate::clock::now();
-        let reading = NodeClock::taken(sent, sent + ms(6), (1_700_000_000, 250));
-        assert_eq!(reading.at, sent + ms(3), "the midpoint of the round trip");
-        assert_eq!(reading.node_us, 1_700_000_000_000_250);
-        assert_eq!(reading.error(reading.at), ms(3));
-        // 1 ms a second since (CLOCK_DRIFT).
-        assert_eq!(reading.error(reading.at + Duration::from_secs(10)), ms(13));
-        let quick = NodeClock::taken(sent, sent + Duration::from_micros(200), (0, 0));
-        assert_eq!(quick.error(quick.at), timing::CLOCK_MIN_ERROR, "never less");
-    }
-
-    #[test]
-    fn a_clock_reading_is_read_again_once_ten_seconds_old_and_first_once_twenty() {
-        let s = Duration::from_secs;
-        assert_eq!(Freshness::of(Duration::ZERO), Freshness::Fresh);
-        assert_eq!(Freshness::of(timing::CLOCK_RESYNC), Freshness::Fresh);
-        assert_eq!(Freshness::of(s(10) + Duration::from_millis(1)), Freshness::Aging);
-        assert_eq!(Freshness::of(s(20)), Freshness::Aging);
-        assert_eq!(Freshness::of(s(20) + Duration::from_millis(1)), Freshness::Stale);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_creates_deadline_is_the_nodes_clock_plus_the_node_timeout_plus_the_readings_error() {
-        let ms = Duration::from_millis;
-        let node = node();
-        let at = crate::clock::now();
-        // Read with a 2 ms round trip: the node's clock said 1,000,000 s at `at`, give or
-        // take 1 ms.
-        *lock_ignoring_poison(&node.clock) =
-            Some(NodeClock::taken(at - ms(1), at + ms(1), (1_000_000, 0)));
-        tokio::time::advance(Duration::from_secs(3)).await;
-        // 3 s later: the node's clock then, plus the 50 ms the sender waits, plus the
-        // reading's error (1 ms, grown by 3 ms), in the node's milliseconds.
-        assert_eq!(node.deadline(ms(50)).await, 1_000_000_000 + 3_000 + 50 + 4);
-        // A create given up on may run that late: twice the widest error given.
-        assert_eq!(node.late_by(at, crate::clock::now()), ms(8));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_node_whose_clock_was_never_read_gets_creates_with_no_deadline() {
-        let node = node();
-        assert_eq!(node.deadline(Duration::from_millis(50)).await, 0, "none");
-        assert_eq!(
-            node.late_by(crate::clock::now(), crate::clock::now()),
-            timing::UNREAD_CLOCK_ERROR
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_hold_counts_the_widest_clock_error_given_since_it_began_not_the_widest_ever() {
-        let ms = Duration::from_millis;
-        let node = node();
-        let before = crate::clock::now();
-        // A slow reading (300 ms round trip), used for a deadline.
-        *lock_ignoring_poison(&node.clock) =
-            Some(NodeClock::taken(before - ms(150), before + ms(150), (1_000_000, 0)));
-        node.deadline(ms(50)).await;
-        tokio::time::advance(timing::CLOCK_ERROR_PERIOD * 2).await;
-        // A quick one replaces it (a new connection).
-        let after = crate::clock::now();
-        *lock_ignoring_poison(&node.clock) =
-            Some(NodeClock::taken(after - ms(1), after + ms(1), (1_000_002, 0)));
-        node.deadline(ms(50)).await;
-        assert!(
-            node.late_by(before, crate::clock::now()) >= ms(300),
-            "a hold that began before the slow reading"
-        );
-        assert_eq!(node.late_by(after, crate::clock::now()), ms(2), "one that began after it");
-        // The reading in use counts, whenever the hold began: its creates may still use it.
-        *lock_ignoring_poison(&node.clock) =
-            Some(NodeClock::taken(after - ms(20), after + ms(20), (1_000_002, 0)));
-        assert_eq!(node.late_by(after, crate::clock::now()), ms(40));
-    }
-
-    /// A node whose clock was read with a round trip of 2 ms, at the instant returned.
-    fn node_with_a_quick_reading() -> (Node, Instant) {
-        let node = node();
-        let now = crate::clock::now();
-        let ms = Duration::from_millis;
-        let quick = NodeClock::taken(now - ms(1), now + ms(1), (1_000_000, 0));
-        assert!(keep_reading(&node.clock, quick), "the first reading");
-        (node, now)
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_reading_of_the_clock_replaces_the_one_in_use_only_when_narrower() {
-        let ms = Duration::from_millis;
-        let (node, now) = node_with_a_quick_reading();
-        // A slow one (a new connection's `TIME` held back): the quick one stays.
-        let slow = NodeClock::taken(now - ms(300), now + ms(300), (1_000_000, 0));
-        assert!(!keep_reading(&node.clock, slow));
-        assert_eq!(node.late_by(now, now), ms(2));
-        // Once the quick one aged past it, a slow one is narrower.
-        tokio::time::advance(Duration::from_secs(400)).await;
-        let later = crate::clock::now();
-        let fresh = NodeClock::taken(later - ms(100), later + ms(100), (1_000_400, 0));
-        assert!(keep_reading(&node.clock, fresh), "400 ms of drift against 100 ms");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_wider_reading_of_the_clock_that_disagrees_with_the_one_in_use_replaces_it() {
-        let ms = Duration::from_millis;
-        let (node, _) = node_with_a_quick_reading();
-        // 5 s later by our clock, a slow `TIME` that reads the same clock: the quick one stays.
-        tokio::time::advance(Duration::from_secs(5)).await;
-        let later = crate::clock::now();
-        let same = NodeClock::taken(later - ms(300), later + ms(300), (1_000_005, 0));
-        assert!(!keep_reading(&node.clock, same));
-        // Another server behind the address, its clock 2 s behind: it is read from now on.
-        let other = NodeClock::taken(later - ms(300), later + ms(300), (1_000_003, 0));
-        assert!(keep_reading(&node.clock, other));
-        assert_eq!(node.late_by(later, later), ms(600), "twice the new reading's error");
-        // And a clock stepped 2 s ahead, read slowly, just as well.
-        let stepped = NodeClock::taken(later - ms(400), later + ms(400), (1_000_007, 0));
-        assert!(keep_reading(&node.clock, stepped));
-    }
-
-    #[test]
-    fn the_error_history_never_loses_an_error_it_recorded() {
-        let mut errors = ErrorHistory::default();
-        errors.record(5, 100);
-        errors.record(7, 10);
-        // Recorded late (its period read before period 7 began): counted from period 7.
-        assert_eq!(errors.record(6, 50), 50);
-        assert_eq!(
-            (errors.since(5), errors.since(6), errors.since(7), errors.since(8)),
-            (100, 50, 50, 0)
-        );
-        // Past the periods kept, the forgotten ones count for holds that began before the oldest kept.
-        let first = 8;
-        for period in first..first + u64::try_from(timing::CLOCK_ERROR_PERIODS).unwrap() {
-            errors.record(period, 1);
-        }
-        assert_eq!(errors.since(first + 1), 1);
-        assert_eq!(errors.since(6), 100, "the widest forgotten");
     }
 
     #[tokio::test]

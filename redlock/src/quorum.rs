@@ -27,13 +27,6 @@ pub(crate) fn drift(ttl: Duration, factor: f64) -> Duration {
     ttl.mul_f64(factor) + timing::EXPIRY_PRECISION
 }
 
-/// `span` of the client's clock as a node's clock may count it: longer by the client's own
-/// drift allowance ([`timing::CLOCK_DRIFT`], with [`drift`]'s expiry precision), for the
-/// bounds the client sets itself (tombstones, a withdrawn intent's), not a lease's.
-pub(crate) fn with_drift(span: Duration) -> Duration {
-    span.saturating_add(drift(span, timing::CLOCK_DRIFT))
-}
-
 /// What remains of a lease of `ttl` after `elapsed` and the drift allowance, or `None` when
 /// nothing remains (a failed attempt, never a lock that is already over).
 pub(crate) fn validity(ttl: Duration, elapsed: Duration, drift: Duration) -> Option<Duration> {

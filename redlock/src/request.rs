@@ -303,7 +303,9 @@ impl<'a> IntoFuture for WriteRequest<'a> {
             // Only a writer that waits records an intent: a single attempt never blocks
             // readers.
             let intent = match (&plan.retry, self.priority) {
-                (Some(retry), WriterPriority::Preferred) => Some(Intent::new(config, retry)),
+                (Some(retry), WriterPriority::Preferred) => {
+                    Some(Intent::new(config, retry, core.nodes.len()))
+                }
                 _ => None,
             };
             let withdrawal = intent.as_ref().map(|intent| intent.withdrawal(&key));

@@ -113,14 +113,18 @@ impl<H: Clone> Route<H> {
     /// Runs `send`, a create or extension on `handle`'s connection, unless an undo of the
     /// hold was issued (`None` then: it was not sent). Its first poll, which queues it on
     /// the connection (or in the connection's first-come queue for room), runs under the
-    /// route's lock, and so does the record of where it went; an answer (`Ok`) is recorded
-    /// too.
-    pub(crate) async fn queue<F, T, E>(&self, handle: &H, send: F) -> Option<Result<T, E>>
+    /// route's lock, and so does the record of where it went; an answer (what `answered`
+    /// says is one) is recorded too.
+    pub(crate) async fn queue<F>(
+        &self,
+        handle: &H,
+        send: F,
+        answered: fn(&F::Output) -> bool,
+    ) -> Option<F::Output>
     where
         H: Send + Sync,
-        F: Future<Output = Result<T, E>> + Send,
-        T: Send,
-        E: Send,
+        F: Future + Send,
+        F::Output: Send,
     {
         let mut send = pin!(send);
         let mut queued = false;
@@ -140,7 +144,7 @@ impl<H: Clone> Route<H> {
             polled.map(Some)
         })
         .await?;
-        if result.is_ok()
+        if answered(&result)
             && let Some(mut state) = self.lock()
             && let State::Sent { in_flight, .. } = &mut *state
         {
@@ -166,16 +170,22 @@ mod tests {
     async fn nothing_is_queued_once_an_undo_was_issued() {
         let routes = Routes::<u64>::new(1);
         routes.close();
-        let sent = routes.get(0).queue(&7, async { Answer::Ok(1) }).await;
+        let sent = routes.get(0).queue(&7, async { Answer::Ok(1) }, Result::is_ok).await;
         assert_eq!(sent, None);
     }
 
     #[tokio::test]
     async fn an_undo_goes_behind_an_unanswered_create_on_its_connection_else_anywhere() {
         let routes = Routes::<u64>::new(2);
-        assert_eq!(routes.get(0).queue(&7, async { Answer::Ok(1) }).await, Some(Ok(1)));
+        assert_eq!(
+            routes.get(0).queue(&7, async { Answer::Ok(1) }, Result::is_ok).await,
+            Some(Ok(1))
+        );
         // Lost with its connection: it may still run there.
-        assert_eq!(routes.get(1).queue(&8, async { Answer::Err(()) }).await, Some(Err(())));
+        assert_eq!(
+            routes.get(1).queue(&8, async { Answer::Err(()) }, Result::is_ok).await,
+            Some(Err(()))
+        );
         assert_eq!(routes.get(0).undo(), Undo::Anywhere);
         assert_eq!(routes.get(1).undo(), Undo::Behind(8));
         // A second undo (a release after a lost hold's) goes the same way.
@@ -186,7 +196,7 @@ mod tests {
     async fn a_create_dropped_before_its_answer_keeps_its_undo_behind_it() {
         let routes = Routes::<u64>::new(1);
         let route = routes.get(0);
-        let queued = route.queue(&7, std::future::pending::<Answer>());
+        let queued = route.queue(&7, std::future::pending::<Answer>(), Result::is_ok);
         let polled = futures::FutureExt::now_or_never(queued);
         assert!(polled.is_none());
         assert_eq!(routes.get(0).undo(), Undo::Behind(7));

@@ -18,16 +18,12 @@ pub(crate) const UNDO_AGAIN: [Duration; 3] =
 
 /// The first pause before an undo that failed is sent again from the background; it doubles
 /// each time, up to [`RESEND_MAX`]: a node that resets, or is down and may come back with
-/// its data, is tried a few times a second at first, then once a second until the hold's
-/// horizon.
+/// its data, is tried a few times a second at first, then once a second until nothing it
+/// removes can exist any more.
 pub(crate) const RESEND_FIRST: Duration = Duration::from_millis(50);
 
 /// The longest pause between two background sends of an undo (see [`RESEND_FIRST`]).
 pub(crate) const RESEND_MAX: Duration = Duration::from_secs(1);
-
-/// The most abandoned tokens an acquisition carries (the newest): an older one left out can
-/// only refuse an acquisition on a node where its undo is still late.
-pub(crate) const MAX_ABANDONED: usize = 16;
 
 /// How many holds' releases a watched channel remembers (which nodes published each): the
 /// publications of one release reach the nodes within moments of each other, so only the
@@ -91,52 +87,16 @@ pub(crate) const LATE_FOR: Duration = Duration::from_secs(1);
 /// Requests one connection may have queued and not yet written (redis-rs defaults to 50).
 pub(crate) const PIPELINE_BUFFER: usize = 4096;
 
-/// How fast the client's and the node's clocks may drift apart, as a fraction: twice the
-/// fastest rate NTP slews a clock at (500 ppm). Widens a clock reading's error as it ages.
-pub(crate) const CLOCK_DRIFT: f64 = 1e-3;
-
-/// A clock reading older than this is taken again (in the background, on the node's
-/// connection) when a deadline is asked of it, and one older than twice this first: its
-/// error grows by 1 ms a second.
-pub(crate) const CLOCK_RESYNC: Duration = Duration::from_secs(10);
-
-/// The error of a clock reading is never taken for less than this (the node's clock has a
-/// millisecond resolution in scripts).
-pub(crate) const CLOCK_MIN_ERROR: Duration = Duration::from_millis(1);
-
-/// The clock errors a node's deadlines were given are kept by periods of this length, for
-/// [`CLOCK_ERROR_PERIODS`] periods: a hold's bounds count the widest error given since its
-/// first round's start (a slow reading once widens the bounds of the holds that used it,
-/// not of every later one).
-pub(crate) const CLOCK_ERROR_PERIOD: Duration = Duration::from_secs(1);
-
-/// How many periods of [`CLOCK_ERROR_PERIOD`] a node keeps apart (at most ten minutes'
-/// worth): a hold older than that counts the widest error of the periods forgotten too.
-pub(crate) const CLOCK_ERROR_PERIODS: usize = 600;
-
-/// What a create's deadline is given on a node whose clock was never read (its `TIME`
-/// refused): none (0), and this much error for the client's own bounds.
-pub(crate) const UNREAD_CLOCK_ERROR: Duration = Duration::from_secs(1);
-
 /// The latest a create goes out after its round starts: a connect timeout, then a node
-/// timeout (`NodeCall::send` refuses to send it later; the horizon counts on it).
+/// timeout (`NodeCall::send` refuses to send it later; the re-sends of its undos count on
+/// it).
 pub(crate) fn sent_within(connect_timeout: Duration, node_timeout: Duration) -> Duration {
     connect_timeout + node_timeout
 }
 
-/// The latest a create is stamped with its deadline after its round starts: sent within
-/// [`sent_within`], and stamped anew at most one more node timeout later (a send again on a
-/// new connection). What the horizon and a writer's intent tombstone count from.
-pub(crate) fn stamped_within(connect_timeout: Duration, node_timeout: Duration) -> Duration {
+/// The latest a create is written after its round starts: sent within [`sent_within`], and
+/// sent anew at most one more node timeout later (a send again on a new connection). What
+/// the re-sends of its undos count from.
+pub(crate) fn written_within(connect_timeout: Duration, node_timeout: Duration) -> Duration {
     sent_within(connect_timeout, node_timeout) + node_timeout
-}
-
-/// The latest an undo's request reads a reply after it starts: a connect timeout, a node
-/// timeout, then each send again of a lost undo ([`UNDO_AGAIN`]) after its pause, within a
-/// node timeout (`call::resend_lost` sends none whose reply could come later). An undo's
-/// tombstone lives at least that long, so that a send again whose earlier send removed the
-/// hold finds it and answers exactly.
-pub(crate) fn undo_replied_within(connect_timeout: Duration, node_timeout: Duration) -> Duration {
-    let again: Duration = UNDO_AGAIN.iter().map(|pause| *pause + node_timeout).sum();
-    connect_timeout + node_timeout + again
 }

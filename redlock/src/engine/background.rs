@@ -2,9 +2,8 @@
 //! of the nodes that had not answered yet.
 //!
 //! Rules, each for a reason:
-//! - They stay registered with the client's undos until they are over: the client's next
-//!   acquisition of the key passes their tokens as abandoned, and a shutdown names their
-//!   nodes.
+//! - They stay registered with the client's undos until they are over: a shutdown names
+//!   their nodes.
 //! - They run on the caller's runtime when there is one: a hop to another thread per
 //!   request costs more than the request itself under load. If that runtime ends first (a
 //!   short-lived runtime, a test's), the nodes that had not answered are handed over to the
@@ -13,11 +12,10 @@
 //! - An undo that timed out, could not reach its node (a reset, a node down that may come
 //!   back with its data) or was put off by it (`LOADING`, `BUSY`: see [`may_pass`]) is
 //!   sent again, after pauses that double up to a second, until it
-//!   is answered or nothing it removes can exist any more (the claim's horizon: every
-//!   create of its token is past its deadline and what it set has expired). Every undo is
-//!   safe to repeat and leaves a tombstone, so it needs no particular connection nor order;
-//!   not where no connection opened since what it undoes was made (nothing left the
-//!   client).
+//!   is answered or nothing it removes can exist any more (every create of its hold has
+//!   gone out or never will, and what it set has expired). Every undo is safe to repeat,
+//!   and goes behind its hold's unanswered creates (see [`crate::route`]); not where no
+//!   connection opened since what it undoes was made (nothing left the client).
 //! - Failures that remain are counted and logged, never silent.
 
 use crate::timing;
@@ -57,11 +55,11 @@ impl<T> Remake for T where
 {
 }
 
-/// The [`Remake`] of `op`'s `command` on `keys`, undoing `hold` (if any), whose replies
-/// `read` reads; behind the hold's creates where `routes` tell where they went.
+/// The [`Remake`] of `op`'s `command` on `keys`, whose replies `read` reads; behind the
+/// hold's creates where its `routes` tell where they went.
 pub(crate) fn remake<R>(
     core: &Arc<Core>,
-    (keys, hold, routes): (&Keys, Option<&super::Abandoned>, Option<Routes>),
+    (keys, routes): (&Keys, Option<Routes>),
     (op, command): (Op, &Arc<Command>),
     read: R,
 ) -> impl Remake + use<R>
@@ -69,14 +67,14 @@ where
     R: Fn(&Reply) -> Answer + Clone + Send + Sync + 'static,
 {
     let (core, keys, command) = (core.clone(), keys.clone(), command.clone());
-    let hold = hold.cloned();
     move |node, slot| {
-        let tracked = core.undos.track_one(node, &keys, hold.as_ref(), &slot);
+        let tracked = core.undos.track_one(node, &keys, &slot);
         let command = command.clone();
         // Sent again only after a connection opened: since any did.
         let (at, route) = (crate::clock::now(), routes.as_ref().map(|routes| routes.get(node)));
         // A node where nothing of the hold went out gets no first undo to send again.
-        let request = NodeCall { node, op, command, slot, since: 0, at, route, everywhere: true };
+        let request =
+            NodeCall { node, op, command, slot, since: 0, at, route, also: None, everywhere: true };
         let call = request.send(&core, read.clone());
         async move {
             let answer = call.await;

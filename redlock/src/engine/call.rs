@@ -1,11 +1,10 @@
 //! One call to one node, and the rules every call follows:
 //!
-//! - it goes out at once: nothing waits for another request (a create carries a deadline
-//!   and respects its token's tombstone, an undo leaves the tombstone, so their order on a
-//!   node does not matter: see `guide::order`);
+//! - it goes out at once: nothing waits for another request, but an undo goes out behind
+//!   the creates of its hold not answered yet, on their connection, and a create is not
+//!   sent once an undo of its hold was issued (see [`crate::route`]);
 //! - a node with no connection yet is first given the connect timeout to open one
-//!   (TCP, TLS, AUTH, the script preload, the server check and the clock reading are
-//!   several round trips, too many for a node timeout sized for one), unless its last
+//!   (TCP, TLS, AUTH, the script preload and the server check are several round trips, too many for a node timeout sized for one), unless its last
 //!   connect failed; a round is still decided at the quorum without waiting for it, and
 //!   validity counts from the round's start, so a slow connect only shortens the lease;
 //! - its own exchange with the node is bounded by the node timeout;
@@ -48,6 +47,8 @@ pub(crate) struct NodeCall {
     /// Its hold's route on the node (see [`crate::route`]): a create or extension is not
     /// sent once an undo was issued, and an undo goes behind them.
     pub(crate) route: Option<Route>,
+    /// A create's second route, recorded too: its wait's (see `Protocol::intent_routes`).
+    pub(crate) also: Option<Route>,
     /// An undo goes to every node, also where nothing of its hold went out: a writer's
     /// release withdraws the intent its wait's earlier attempts may have left there.
     pub(crate) everywhere: bool,
@@ -64,6 +65,7 @@ impl NodeCall {
             since: 0,
             at,
             route: None,
+            also: None,
             everywhere: false,
         }
     }
@@ -78,14 +80,14 @@ impl NodeCall {
     where
         R: FnOnce(&Reply) -> Answer + Send + 'static,
     {
-        let Self { node: i, op, command, slot, since, at, route, everywhere } = self;
+        let Self { node: i, op, command, slot, since, at, route, also, everywhere } = self;
         let node = core.nodes[i].clone();
         let (connect_timeout, timeout) = (core.config.connect_timeout, core.config.node_timeout);
         // The latest a create of this call may go out, whenever its future is polled (its
         // caller's runtime may sit idle or blocked with it in flight): what the claim's
-        // horizon counts on (a connect timeout, then a node timeout for a send again on a
-        // new connection). Past it the create is not sent, so it cannot outlive its undo.
-        let by = command.is_bounded().then(|| at + timing::sent_within(connect_timeout, timeout));
+        // re-sends of its undos count on (a connect timeout, then a node timeout for a send
+        // again on a new connection). Past it the create is not sent.
+        let by = command.creates().then(|| at + timing::sent_within(connect_timeout, timeout));
         // Made before the future: a request dropped before its first poll settles too.
         let settle = SettleOnDrop::new(slot);
         async move {
@@ -116,16 +118,12 @@ impl NodeCall {
                     }
                 },
                 timeout,
-                |connected| node.send(&command, timeout, (by, route.as_ref()), connected),
+                |connected| node.send(&command, (by, route.as_ref(), also.as_ref()), connected),
             );
             let reply = match reply.await {
                 Some(reply) if reply.is_lost() && op.is_undo() => {
                     // Rare: boxed, so that every request's future stays small.
-                    // No send of it went out before `at`: the tombstone any of them left
-                    // lives from later on (see `resend_lost`).
-                    let replied_by = at + timing::undo_replied_within(connect_timeout, timeout);
-                    let bounds = (timeout, by, replied_by);
-                    Box::pin(undo_again(&node, &command, bounds, reply, since)).await
+                    Box::pin(undo_again(&node, &command, timeout, reply, since)).await
                 }
                 reply => reply,
             };
@@ -137,6 +135,15 @@ impl NodeCall {
                 return (i, NodeOutcome::TimedOut);
             };
             let mut answer = read(&reply);
+            if reply.resent
+                && op == Op::Release
+                && matches!(answer.outcome, NodeOutcome::Absent | NodeOutcome::Held)
+            {
+                // An earlier send may have removed the hold (nothing on the node tells): a
+                // release sent again counts as done whatever it finds. It cannot tell its
+                // own removal from an operator's forced release meanwhile.
+                answer.outcome = NodeOutcome::Ok;
+            }
             if answer.notify_refused {
                 node.note_notify_refused();
             }
@@ -171,14 +178,13 @@ where
 }
 
 /// Sends a lost undo (`first`) again until it is no longer lost (answered, refused), the
-/// pauses run out, or a try times out (`None`). Every undo is safe to repeat, and its
-/// tombstone makes a repeat answer what the first send did. Not sent again while no
-/// connection opened since generation `since`: what it undoes never left the client
-/// either.
+/// pauses run out, or a try times out (`None`). Every undo is safe to repeat; the reply of
+/// a send again is marked [resent](Reply::resent). Not sent again while no connection
+/// opened since generation `since`: what it undoes never left the client either.
 async fn undo_again(
     node: &Node,
     command: &Command,
-    (timeout, by, replied_by): (Duration, Option<Instant>, Instant),
+    timeout: Duration,
     first: Reply,
     since: u64,
 ) -> Option<Reply> {
@@ -186,27 +192,15 @@ async fn undo_again(
         return Some(first);
     }
     let reached = || node.may_have_reached(since);
-    let send = || node.send(command, timeout, (by, None), Connected::default());
+    let send = || node.send(command, (None, None, None), Connected::default());
     let resend = || tokio::time::timeout(timeout, send());
-    resend_lost(first, reached, (resend, timeout, replied_by)).await
+    resend_lost(first, reached, resend).await
 }
 
 /// [`undo_again`]'s pacing, with the node behind two seams: `reached` says whether what the
 /// undo undoes may have left the client, `send` sends it once more (`Err` when that try
-/// timed out, after `timeout`).
-///
-/// Not sent again where its reply could come after `replied_by`: the undo's tombstone is
-/// only sure to live until then (see `Claim::undo_bounds`), and a send again that found it
-/// gone could not tell a hold its earlier send removed from one gone before. The natural
-/// pace ends well before; only a caller's runtime stalled between two sends gets there.
-/// Nor is a reply read after `replied_by` taken (its send's timeout is not noticed while
-/// the caller's runtime is blocked, and the node may have run it late): the undo stays
-/// lost.
-async fn resend_lost<S, F>(
-    first: Reply,
-    reached: impl Fn() -> bool,
-    (mut send, timeout, replied_by): (S, Duration, Instant),
-) -> Option<Reply>
+/// timed out).
+async fn resend_lost<S, F>(first: Reply, reached: impl Fn() -> bool, mut send: S) -> Option<Reply>
 where
     S: FnMut() -> F,
     F: Future<Output = Result<Reply, tokio::time::error::Elapsed>>,
@@ -217,18 +211,10 @@ where
             break;
         }
         tokio::time::sleep(pause).await;
-        if crate::clock::now() + timeout > replied_by {
-            break;
-        }
         let answer = send().await.ok()?;
-        if crate::clock::now() > replied_by {
-            // Read too late to be exact: the caller's runtime stalled while the node ran
-            // it, perhaps after the tombstone ended, and its timeout was not noticed in
-            // time. Not an answer (as if it timed out): the round counts the node as
-            // unreachable, the background sends it again.
-            break;
-        }
-        reply = answer;
+        // Exact only while no earlier send may have reached the node.
+        let (resent, sent) = (reply.resent || reply.sent, reply.sent || answer.sent);
+        reply = Reply { resent: resent || answer.resent, sent, ..answer };
         if !reply.is_lost() {
             break;
         }
@@ -262,8 +248,13 @@ mod tests {
         Reply::unconnected(Failure::Unreachable("reset".into()))
     }
 
+    /// Lost with a connection that dropped with it sent: it may have run.
+    fn dropped() -> Reply {
+        Reply { sent: true, ..lost() }
+    }
+
     fn answered() -> Reply {
-        Reply { value: Ok(Value::Int(1)) }
+        Reply::of(Ok(Value::Int(1)))
     }
 
     #[tokio::test(start_paused = true)]
@@ -286,7 +277,7 @@ mod tests {
             answered()
         };
         let reply = exchange(|| async { Ok(()) }, timeout, slow).await;
-        assert!(matches!(reply, Some(Reply { value: Ok(Value::Int(1)) })));
+        assert!(matches!(reply, Some(Reply { value: Ok(Value::Int(1)), resent: false, .. })));
         assert_eq!(start.elapsed(), Duration::from_millis(49));
         // A connect that failed sends nothing, and is a reply of its own at once.
         let refused = async { Err(Failure::Refused("refused".into())) };
@@ -306,16 +297,6 @@ mod tests {
 
     /// When each send of a lost undo went out, after the first, from the start of the test.
     async fn resends(replies: Vec<Option<Reply>>, reached: bool) -> (Option<Reply>, Vec<Duration>) {
-        let window = timing::undo_replied_within(Duration::from_secs(1), Duration::from_millis(50));
-        resends_within(replies, reached, window).await
-    }
-
-    /// [`resends`], with their replies read until `window` from the start of the test.
-    async fn resends_within(
-        replies: Vec<Option<Reply>>,
-        reached: bool,
-        window: Duration,
-    ) -> (Option<Reply>, Vec<Duration>) {
         let start = Instant::now();
         let timeout = Duration::from_millis(50);
         let sent = Mutex::new(Vec::new());
@@ -330,8 +311,7 @@ mod tests {
                 }
             }
         };
-        let replied_by = crate::clock::now() + window;
-        let reply = resend_lost(lost(), || reached, (send, timeout, replied_by)).await;
+        let reply = resend_lost(lost(), || reached, send).await;
         (reply, sent.into_inner().unwrap())
     }
 
@@ -343,41 +323,12 @@ mod tests {
         assert!(reply.is_some_and(|reply| reply.is_lost()), "lost still: the round counts it");
         let (reply, sent) = resends(vec![Some(lost()), Some(answered())], true).await;
         assert_eq!(sent, [ms(10), ms(60)], "no more once answered");
-        assert!(reply.is_some_and(|reply| !reply.is_lost()));
+        assert!(reply.is_some_and(|reply| !reply.is_lost() && !reply.resent), "none left before");
+        let (reply, _) = resends(vec![Some(dropped()), Some(answered())], true).await;
+        assert!(reply.is_some_and(|reply| reply.resent), "after one that may have run: resent");
         let (reply, sent) = resends(vec![Some(lost()), None, Some(answered())], true).await;
         assert_eq!(sent, [ms(10), ms(60)], "no more once a try timed out");
         assert!(reply.is_none(), "timed out");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_lost_undo_is_not_sent_again_where_its_reply_could_outlive_its_tombstone() {
-        let ms = Duration::from_millis;
-        let lost_thrice = || vec![Some(lost()), Some(lost()), Some(lost())];
-        // The third send goes out at 260 ms, read by 310 ms: not with its tombstone sure to
-        // live only until 309 ms.
-        let (reply, sent) = resends_within(lost_thrice(), true, ms(309)).await;
-        assert_eq!(sent, [ms(10), ms(60)]);
-        assert!(reply.is_some_and(|reply| reply.is_lost()), "lost still: the round counts it");
-        let (_, sent) = resends_within(lost_thrice(), true, ms(310)).await;
-        assert_eq!(sent, [ms(10), ms(60), ms(260)]);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_reply_to_a_lost_undo_read_after_its_tombstone_may_have_ended_is_not_taken() {
-        let ms = Duration::from_millis;
-        // The send again at 10 ms answers after 40 ms, read at 50 ms: past a tombstone sure
-        // to live only until 49 ms (its timeout not yet due, as when the caller's runtime was
-        // blocked meanwhile).
-        let slow = || async {
-            tokio::time::sleep(Duration::from_millis(40)).await;
-            Ok(answered())
-        };
-        let replied_by = crate::clock::now() + ms(49);
-        let reply = resend_lost(lost(), || true, (slow, ms(39), replied_by)).await;
-        assert!(reply.is_some_and(|reply| reply.is_lost()), "not an answer: lost still");
-        let replied_by = crate::clock::now() + ms(50);
-        let reply = resend_lost(lost(), || true, (slow, ms(40), replied_by)).await;
-        assert!(reply.is_some_and(|reply| !reply.is_lost()), "read in time: the answer");
     }
 
     #[tokio::test(start_paused = true)]

@@ -21,7 +21,7 @@ use super::Core;
 use super::background::{self, Place};
 use super::call::NodeCall;
 use super::fencing;
-use super::protocol::{Args, Keep, Op, Protocol};
+use super::protocol::{Args, Op, Protocol};
 use super::round::{self, Round};
 use super::slot::Slots;
 use super::undo::{Sent, Tracked};
@@ -121,14 +121,10 @@ impl<P: Protocol> Claim<P> {
             return Err((err, report));
         }
         let proto = Arc::new(proto);
-        // This client's own abandoned holds of the keys whose undos are still on their way
-        // count as free: its retry is never refused by them, and waits for nothing.
-        let abandoned = core.undos.abandoned(proto.keys());
-        let args = Args { ttl, keep: Keep::NONE, abandoned: &abandoned, quiet: false };
-        let command = Arc::new(proto.command(Op::Acquire, &args));
+        let command = Arc::new(proto.command(Op::Acquire, &Args::lease(ttl)));
         let n = core.nodes.len();
         // Armed from here: if this future is dropped mid-round, Drop releases whatever the
-        // round may have set (an acquisition that lands later finds the tombstone).
+        // round may have set (behind it, and no create of it goes out after: see `route`).
         let mut claim = Self {
             core: core.clone(),
             proto: proto.clone(),
@@ -221,8 +217,9 @@ impl<P: Protocol> Claim<P> {
         let command = command.clone();
         let since = self.generations[i];
         let (route, everywhere) = (Some(self.routes.get(i)), self.proto.records_intent());
-        let request =
-            NodeCall { node: i, op, command, slot: slots.get(i), since, at, route, everywhere };
+        let also = self.proto.intent_routes().filter(|_| op == Op::Acquire).map(|r| r.get(i));
+        let slot = slots.get(i);
+        let request = NodeCall { node: i, op, command, slot, since, at, route, also, everywhere };
         request.send(&self.core, move |reply| {
             if op == Op::Acquire {
                 proto.note_holder(i, reply);
@@ -243,7 +240,7 @@ impl<P: Protocol> Claim<P> {
         };
         self.routes.close();
         let at = clock::now();
-        let (mut args, until) = self.undo_args(at);
+        let (mut args, until) = self.undo_args();
         // Short of a quorum even where its answer is unknown, the attempt never held the
         // key: its clean-up frees no quorum and tells no waiter. A node the attempt never
         // reached (down: no connection opened since it started) holds nothing of it, or
@@ -272,12 +269,11 @@ impl<P: Protocol> Claim<P> {
             .filter(|(_, o)| matches!(o, NodeOutcome::Ok | NodeOutcome::Quarantined))
             .map(|(i, _)| i)
             .collect();
-        // Registered before anything is awaited: a new attempt of this client on the key
-        // that starts while this round runs passes the token as abandoned.
+        // Registered before anything is awaited: a shutdown meanwhile names its nodes.
         let sent = (outcomes.iter().enumerate())
             .map(|(i, outcome)| (*outcome == NodeOutcome::Pending).then(|| slots.get(i)))
             .collect();
-        let tracked = self.core.undos.track(self.proto.keys(), Some(self.hold()), Sent::Some(sent));
+        let tracked = self.core.undos.track(self.proto.keys(), Sent::Some(sent));
         let answered = |_: &quorum::Tally, outcomes: &[NodeOutcome]| {
             let done = granted.iter().all(|&i| outcomes[i] != NodeOutcome::Pending);
             done.then_some(Settled::Reached)
@@ -398,7 +394,7 @@ impl<P: Protocol> Claim<P> {
         let was_valid = self.is_valid();
         self.routes.close();
         let at = clock::now();
-        let (args, until) = self.undo_args(at);
+        let (args, until) = self.undo_args();
         let command = Arc::new(self.proto.command(Op::Release, &args));
         let (round, rest, tracked) = self.undo_round(Op::Release, &command, at).await;
         let what = (Op::Release, &command);
@@ -513,14 +509,14 @@ impl<P: Protocol> Claim<P> {
         round::Rest::new(&slots, (0..n).map(|i| self.request(&slots, i, (op, command), at)))
     }
 
-    /// Registers `undos`, a round on every node, so that this client's next acquisition of
-    /// the keys passes the token as abandoned while they are in flight.
+    /// Registers `undos`, a round on every node, while they are in flight (a shutdown
+    /// names their nodes).
     fn track<F>(&self, undos: &round::Rest<F>) -> Tracked
     where
         F: Future<Output = (usize, NodeOutcome)>,
     {
         let sent = Sent::Everywhere(undos.slots().clone());
-        self.core.undos.track(self.proto.keys(), Some(self.hold()), sent)
+        self.core.undos.track(self.proto.keys(), sent)
     }
 
     /// Leaves the undos of `round` still in flight to the background, in `place`; see
@@ -563,7 +559,7 @@ impl<P: Protocol> Claim<P> {
     fn remake(&self, op: Op, command: &Arc<Command>) -> impl background::Remake + use<P> {
         let proto = self.proto.clone();
         let read = move |reply: &_| proto.answer(op, reply);
-        let undone = (self.proto.keys(), Some(self.hold()), Some(self.routes.clone()));
+        let undone = (self.proto.keys(), Some(self.routes.clone()));
         background::remake(&self.core, undone, (op, command), read)
     }
 
@@ -578,7 +574,7 @@ impl<P: Protocol> Claim<P> {
         // extension of the claim goes out, wherever its future runs.
         self.routes.close();
         let at = clock::now();
-        let (args, until) = self.undo_args(at);
+        let (args, until) = self.undo_args();
         let command = Arc::new(self.proto.command(Op::Release, &args));
         let requests = self.everywhere(Op::Release, &command, at);
         let tracked = self.track(&requests);
@@ -588,49 +584,12 @@ impl<P: Protocol> Claim<P> {
         self.finish_undos(requests, &unsent, tracked, what, ("release", until), Place::Own);
     }
 
-    /// When nothing this claim's creates and renewals did or may still do on a node can
-    /// exist any more: each first went out by its round's start plus the connect timeout,
-    /// and was given up on a node timeout later; a send again on a new connection within
-    /// that node timeout (its cached connection had died) is stamped with its own
-    /// deadline, a node timeout after it: twice the node timeout in all. The node refuses
-    /// a create past its deadline, its clock's error aside; and what it set lives its
-    /// lease, longer by the drift allowance if the node's clock runs slow.
-    ///
-    /// With it, the end of the tombstone an undo whose round starts `now` leaves (see
-    /// [`tombstone_until`]).
-    fn undo_bounds(&self, now: Instant) -> (Instant, Instant) {
+    /// An undo's arguments, with the time it is sent again until at most (see
+    /// [`resend_until`]).
+    fn undo_args(&self) -> (Args, Instant) {
         let config = &self.core.config;
-        let timeouts = (config.connect_timeout, config.node_timeout);
-        // A create of the claim still on its way (an attempt's straggler) is stamped by
-        // then at the latest, with the reading in use aged that much more.
-        let stamped_by = now + timing::stamped_within(timeouts.0, timeouts.1);
-        let late_by = (self.core.nodes.iter())
-            .map(|node| node.late_by(self.since, stamped_by))
-            .max()
-            .unwrap_or_default();
-        let dated = self.core.nodes.iter().all(|node| node.dates_creates_since(self.since));
-        let tombstone = tombstone_until(self.reach, timeouts, late_by, dated, now);
-        (horizon(self.reach, timeouts, late_by), tombstone)
-    }
-
-    /// An undo's arguments: its tombstone lives until no create of the token that is still
-    /// on its way can set anything, and until the undo's round has read its replies (a
-    /// re-sent release tells a hold it removed from one that was gone); see
-    /// [`tombstone_until`]. With the horizon: the undo is sent again until then at most (it
-    /// already counts the creates still on their way, stamped at the latest: see
-    /// [`Claim::undo_bounds`]).
-    ///
-    /// `now`: when the undo's round starts (its requests' `at`), which the tombstone's
-    /// lifetime counts from.
-    fn undo_args(&self, now: Instant) -> (Args<'static>, Instant) {
-        let (horizon, tombstone) = self.undo_bounds(now);
-        let keep = Keep::new(tombstone.saturating_duration_since(now));
-        (Args { ttl: self.ttl, keep, abandoned: &[], quiet: false }, horizon)
-    }
-
-    /// The hold, as the client's undos register it.
-    fn hold(&self) -> &super::Abandoned {
-        self.proto.identity().abandoned()
+        let until = resend_until(self.reach, (config.connect_timeout, config.node_timeout));
+        (Args { ttl: self.ttl, quiet: false }, until)
     }
 
     /// The nodes where the granting round saw no grant: refused there, or not answered by
@@ -717,8 +676,7 @@ fn verdict(settled: Settled, decided_at: Instant, deadline: Instant) -> Verdict 
 /// How long the keys of a claim may live on a node: until `expires_by` by the client's
 /// clock, plus `drift` if the node's clock runs slow; the widest of the leases its
 /// creates and renewals were sent with, granted or not. And when the last of those
-/// rounds started (`last_sent`): each of its creates is past its deadline a bounded time
-/// after that.
+/// rounds started (`last_sent`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Reach {
     expires_by: Instant,
@@ -742,49 +700,14 @@ impl Reach {
     }
 }
 
-/// How long an undo sent at `now` leaves its tombstone, given the hold's `reach`, the
-/// client's `(connect_timeout, node_timeout)` and the nodes' `late_by`:
-/// - until every create and renewal of the hold is past its deadline on every node: the
-///   last of them was stamped within [`timing::stamped_within`] of its round's start, and
-///   the node refuses it `late_by` after that at most (its clock's error). A create run
-///   later changes nothing whether or not the tombstone is still there. Where a create
-///   may have gone out with no deadline (`dated` false: a node whose clock could not be
-///   read), that bound does not exist: until the [`horizon`], when whatever it set has
-///   expired, as far as anything can be promised for it;
-/// - and until every reply the undo's own round may still read
-///   ([`timing::undo_replied_within`], counted from its requests' start, after `now`): a
-///   send again after a lost reply finds the tombstone its earlier send left, and answers
-///   exactly.
-///
-/// Not the whole lease: a tombstone kept that long costs a node one key per release for
-/// the lease (56,000 keys and 12.6 MB at 5,000 releases a second with a 10 s lease).
-fn tombstone_until(
-    reach: Reach,
-    timeouts: (Duration, Duration),
-    late_by: Duration,
-    dated: bool,
-    now: Instant,
-) -> Instant {
-    let (connect_timeout, node_timeout) = timeouts;
-    let creates = if dated {
-        let refused_after = timing::stamped_within(connect_timeout, node_timeout) + late_by;
-        reach.last_sent + quorum::with_drift(refused_after)
-    } else {
-        horizon(reach, timeouts, late_by)
-    };
-    let replied_within = timing::undo_replied_within(connect_timeout, node_timeout);
-    creates.max(now + quorum::with_drift(replied_within))
-}
-
-/// [`Claim::undo_bounds`] of a hold whose creates and renewals may set keys living as long as
-/// `reach` says, on nodes given `(connect_timeout, node_timeout)` and whose creates may run
-/// up to `late_by` past their sender's timeout (see `Node::late_by`).
-fn horizon(
-    reach: Reach,
-    (connect_timeout, node_timeout): (Duration, Duration),
-    late_by: Duration,
-) -> Instant {
-    reach.expires_by + timing::stamped_within(connect_timeout, node_timeout) + late_by + reach.drift
+/// Until when an undo of a hold whose creates and renewals may set keys living as long as
+/// `reach` says is sent again, on nodes given `(connect_timeout, node_timeout)`: the last of
+/// them went out within [`timing::written_within`] of its round's start (a connect timeout,
+/// then a node timeout for a send again on a new connection), and what it set lives its
+/// lease, longer by the drift allowance if the node's clock runs slow. Past that nothing it
+/// removes can exist.
+fn resend_until(reach: Reach, (connect_timeout, node_timeout): (Duration, Duration)) -> Instant {
+    reach.expires_by + timing::written_within(connect_timeout, node_timeout) + reach.drift
 }
 
 impl<P: Protocol> Drop for Claim<P> {
@@ -846,59 +769,21 @@ mod tests {
     }
 
     #[test]
-    fn the_horizon_is_the_last_lease_plus_a_connect_two_node_timeouts_the_late_runs_and_the_drift()
-    {
+    fn undos_are_sent_again_until_the_last_lease_plus_a_connect_two_node_timeouts_and_the_drift() {
         let at = clock::now();
         let ttl = Ttl::new(Duration::from_secs(10), 0.01).unwrap();
         let timeouts = (Duration::from_secs(1), Duration::from_millis(50));
-        let late_by = Duration::from_millis(4);
         let reach = Reach::of(at, ttl);
-        // 10 s + 1 s + 2 x 50 ms + 4 ms + (100 + 2) ms.
-        let expected = at + Duration::from_millis(10_000 + 1_000 + 100 + 4 + 102);
-        assert_eq!(horizon(reach, timeouts, late_by), expected);
+        // 10 s + 1 s + 2 x 50 ms + (100 + 2) ms.
+        let expected = at + Duration::from_millis(10_000 + 1_000 + 100 + 102);
+        assert_eq!(resend_until(reach, timeouts), expected);
         // Each term counts in full.
         let later = |by: u64| expected + Duration::from_millis(by);
-        assert_eq!(horizon(reach, (timeouts.0 * 2, timeouts.1), late_by), later(1000));
-        assert_eq!(horizon(reach, (timeouts.0, timeouts.1 * 2), late_by), later(100));
-        assert_eq!(horizon(reach, timeouts, late_by * 2), later(4));
+        assert_eq!(resend_until(reach, (timeouts.0 * 2, timeouts.1)), later(1000));
+        assert_eq!(resend_until(reach, (timeouts.0, timeouts.1 * 2)), later(100));
         let mut longer = reach;
         longer.cover(at + Duration::from_secs(5), ttl);
-        assert_eq!(horizon(longer, timeouts, late_by), later(5000));
-    }
-
-    #[test]
-    fn a_tombstone_outlives_the_deadlines_of_the_last_creates_and_the_undos_own_replies() {
-        let at = clock::now();
-        let ms = Duration::from_millis;
-        let ttl = Ttl::new(Duration::from_secs(10), 0.01).unwrap();
-        let timeouts = (Duration::from_secs(1), ms(50));
-        let late_by = ms(4);
-        // Released at once: the creates' deadlines, 1 s + 2 x 50 ms + 4 ms (plus 1.104 ms
-        // of drift and 2 ms of expiry precision), end before the undo's replies do: 1 s +
-        // 50 ms + (10 + 50) + (50 + 50) + (200 + 50) ms, with 1.46 ms of drift and 2 ms.
-        let reach = Reach::of(at, ttl);
-        let answered = at + ms(1_460) + Duration::from_micros(1_460) + ms(2);
-        assert_eq!(tombstone_until(reach, timeouts, late_by, true, at), answered);
-        // A renewal sent 1 s later, on nodes whose clocks are known only to within 500 ms:
-        // its deadline ends after the replies of an undo sent a moment later.
-        let mut renewed = reach;
-        renewed.cover(at + Duration::from_secs(1), ttl);
-        let deadline = at + ms(1_000 + 2_100) + Duration::from_micros(2_100) + ms(2);
-        assert_eq!(tombstone_until(renewed, timeouts, ms(1_000), true, at + ms(1_001)), deadline);
-        // Held for a minute: only the replies count, from the undo's own start.
-        let later = at + Duration::from_secs(60);
-        assert_eq!(
-            tombstone_until(reach, timeouts, late_by, true, later),
-            answered + Duration::from_secs(60)
-        );
-        // A create that went out with no deadline: the whole horizon.
-        assert_eq!(
-            tombstone_until(reach, timeouts, late_by, false, at),
-            horizon(reach, timeouts, late_by)
-        );
-        // Never shorter than the horizon's lease-free part, whatever the lease.
-        let long = Reach::of(at, Ttl::new(Duration::from_secs(3600), 0.01).unwrap());
-        assert_eq!(tombstone_until(long, timeouts, late_by, true, at), answered);
+        assert_eq!(resend_until(longer, timeouts), later(5000));
     }
 
     #[test]

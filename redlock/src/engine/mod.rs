@@ -22,7 +22,6 @@ use std::sync::Arc;
 
 pub(crate) use crate::channel::channel;
 pub(crate) use claim::Claim;
-pub(crate) use protocol::Abandoned;
 pub(crate) use protocol::{Answer, Op, Protocol};
 
 use crate::command::Command;
@@ -30,6 +29,7 @@ use crate::config::{Config, Ttl};
 use crate::error::{ErrorKind, NodeOutcome, Result, ShutdownReport};
 use crate::node::Node;
 use crate::retry::Retry;
+use crate::route::Routes;
 use crate::tasks::Tasks;
 
 use notify::Releases;
@@ -174,7 +174,7 @@ pub(crate) async fn obtain<P, F>(
     plan: &Plan,
     resource: Arc<str>,
     mut attempt: F,
-    withdrawal: Option<Command>,
+    withdrawal: Option<(Command, Routes)>,
 ) -> Result<Claim<P>>
 where
     P: Protocol,
@@ -197,8 +197,17 @@ where
         let mut ticket = request.queues().then(|| core.lines.join(&request));
         let generations = core.nodes.iter().map(|node| node.generation()).collect();
         let nodes = (0..core.nodes.len()).collect();
-        let mut give_up =
-            GiveUp { core, keys, resource: resource.clone(), withdrawal, nodes, generations };
+        let (withdrawal, routes) = withdrawal.unzip();
+        let routes = routes.unwrap_or_else(|| Routes::new(core.nodes.len()));
+        let mut give_up = GiveUp {
+            core,
+            keys,
+            resource: resource.clone(),
+            withdrawal,
+            nodes,
+            generations,
+            routes,
+        };
         let mut next = Some(first);
         let mut attempts = 0u32;
         // Woken by the releases of any of its keys.
@@ -282,6 +291,8 @@ struct GiveUp<'a> {
     withdrawal: Option<Command>,
     /// The nodes it goes to.
     nodes: background::Nodes,
+    /// Where the wait's attempts went out: the withdrawal goes behind them.
+    routes: Routes,
     /// Per node, the connection generation when the wait began (see `background`).
     generations: background::Generations,
 }
@@ -289,16 +300,17 @@ struct GiveUp<'a> {
 impl Drop for GiveUp<'_> {
     fn drop(&mut self) {
         let Some(command) = self.withdrawal.take() else { return };
+        // Issued here: no attempt of the wait goes out from now on, and the withdrawal goes
+        // behind those not answered yet. One whose connection broke with it written may
+        // still record the intent after it: the intent then lives its short lifetime.
+        self.routes.close();
         let command = Arc::new(command);
         let core = self.core;
-        // Sent at once: an attempt of the wait that reaches a node after it and records the
-        // intent again is past its deadline there (refused), or the intent lives its short
-        // lifetime.
         let n = core.nodes.len();
         let slots = slot::Slots::new(n);
         let nodes = std::mem::take(&mut self.nodes);
         let sent = (0..n).map(|i| nodes.contains(&i).then(|| slots.get(i))).collect();
-        let tracked = core.undos.track(&self.keys, None, undo::Sent::Some(sent));
+        let tracked = core.undos.track(&self.keys, undo::Sent::Some(sent));
         let at = crate::clock::now();
         let requests = round::Rest::new(
             &slots,
@@ -310,7 +322,8 @@ impl Drop for GiveUp<'_> {
                     slot: slots.get(i),
                     since: self.generations[i],
                     at,
-                    route: None,
+                    route: Some(self.routes.get(i)),
+                    also: None,
                     everywhere: true,
                 };
                 request.send(core, protocol::script_answer)
@@ -320,7 +333,7 @@ impl Drop for GiveUp<'_> {
         // lives for a lease at most.
         let remake = background::remake(
             core,
-            (&self.keys, None, None),
+            (&self.keys, Some(self.routes.clone())),
             (Op::Release, &command),
             protocol::script_answer,
         );

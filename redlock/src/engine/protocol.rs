@@ -55,26 +55,11 @@ impl From<NodeOutcome> for Answer {
     }
 }
 
-/// A hold this client gave up, whose undos may not have reached every node yet: its token,
-/// and its tombstone's key (which an acquisition that takes its place marks).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Abandoned {
-    pub(crate) token: Arc<str>,
-    pub(crate) tombstone: Arc<str>,
-}
-
 /// What a round's command carries besides the hold's own names.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Args<'a> {
+pub(crate) struct Args {
     /// The lease, for `Acquire` and `Extend`.
     pub(crate) ttl: Ttl,
-    /// How long the tombstone of a `Release` or `CleanUp` must live: until nothing the
-    /// token's creates may still do on a node can exist (see [`crate::tombstone`]).
-    pub(crate) keep: Keep,
-    /// For `Acquire`: this client's abandoned holds on the keys, whose undos may not have
-    /// reached every node yet; a hold of one of them counts as free (and is marked taken
-    /// over in its tombstone).
-    pub(crate) abandoned: &'a [Abandoned],
     /// For `Release` and `CleanUp`: tell no waiter. The clean-up of an attempt that never
     /// held a quorum frees no quorum, and a waiter counts releases by hold, so it would
     /// wake no one; published, it would only push real releases out of the waiters' memory
@@ -83,56 +68,16 @@ pub(crate) struct Args<'a> {
     pub(crate) quiet: bool,
 }
 
-impl<'a> Args<'a> {
+impl Args {
     /// For an operation that needs only the lease.
     pub(crate) fn lease(ttl: Ttl) -> Self {
-        Self { ttl, keep: Keep::NONE, abandoned: &[], quiet: false }
+        Self { ttl, quiet: false }
     }
 
     /// The channel a `Release` or `CleanUp` of `key` publishes on: none (`''`, which the
     /// release scripts take for "publish nothing") when [`Args::quiet`].
     pub(crate) fn release_channel<'k>(&self, key: &'k str) -> Arg<'k> {
         if self.quiet { Arg::Bytes(b"") } else { Arg::ReleaseChannel(key) }
-    }
-
-    /// The abandoned tokens as script arguments.
-    pub(crate) fn abandoned(&self) -> impl Iterator<Item = &'a [u8]> + 'a {
-        self.abandoned.iter().map(|hold| hold.token.as_bytes())
-    }
-
-    /// The script's keys for an acquisition of `keys` by the hold whose tombstone is
-    /// `tombstone`: the lock keys, the abandoned holds' tombstones (in the order of their
-    /// tokens), then its own tombstone, last, where every script finds it.
-    pub(crate) fn acquire_keys<'k>(
-        &self,
-        keys: &[&'k str],
-        tombstone: &'k str,
-    ) -> smallvec::SmallVec<[&'k str; 4]>
-    where
-        'a: 'k,
-    {
-        let abandoned = self.abandoned.iter().map(|hold| &*hold.tombstone);
-        keys.iter().copied().chain(abandoned).chain(std::iter::once(tombstone)).collect()
-    }
-}
-
-/// How long an undo's tombstone must live, in milliseconds, as its scripts take it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Keep(u64);
-
-impl Keep {
-    /// At least `duration` (rounded up to the millisecond, at least one).
-    pub(crate) fn new(duration: std::time::Duration) -> Self {
-        let ms = duration.as_micros().div_ceil(1000).max(1);
-        Self(u64::try_from(ms).unwrap_or(u64::MAX))
-    }
-
-    /// For the commands that leave no tombstone.
-    pub(crate) const NONE: Self = Self(0);
-
-    /// As sent.
-    pub(crate) fn arg(self) -> crate::command::Digits {
-        crate::command::Digits::new(self.0)
     }
 }
 
@@ -149,11 +94,6 @@ pub(crate) struct Identity {
     pub(crate) keys: Keys,
     /// A fresh random token, unique to this hold.
     pub(crate) token: crate::token::Token,
-    /// The token's tombstone on the nodes (see [`crate::tombstone`]), next to the first key.
-    pub(crate) tombstone: Box<str>,
-    /// The hold as the client's undos register it, made once: a release registers it
-    /// twice (its round, and the undos it may remake), an acquisition never.
-    abandoned: std::sync::OnceLock<Abandoned>,
 }
 
 impl Identity {
@@ -161,19 +101,7 @@ impl Identity {
     /// label, if any).
     pub(crate) fn new(kind: &'static str, keys: Keys, label: Option<&str>) -> Self {
         let token = crate::token::generate_labelled(label);
-        let tombstone = match keys.first() {
-            Some(key) => crate::tombstone::key(key, token.as_str()).into(),
-            None => Box::default(),
-        };
-        Self { kind, keys, token, tombstone, abandoned: std::sync::OnceLock::new() }
-    }
-
-    /// The hold, as the client's undos register it.
-    pub(crate) fn abandoned(&self) -> &Abandoned {
-        self.abandoned.get_or_init(|| Abandoned {
-            token: self.token.as_str().into(),
-            tombstone: (*self.tombstone).into(),
-        })
+        Self { kind, keys, token }
     }
 }
 
@@ -202,8 +130,8 @@ pub(crate) trait Protocol: Send + Sync + 'static {
     }
 
     /// The command for `op`, built once per round (see [`Args`]). Creates and renewals are
-    /// [`Command::bounded`].
-    fn command(&self, op: Op, args: &Args<'_>) -> Command;
+    /// [`Command::creating`].
+    fn command(&self, op: Op, args: &Args) -> Command;
 
     /// What `reply` to `op` means.
     fn answer(&self, op: Op, reply: &Reply) -> Answer;
@@ -235,14 +163,19 @@ pub(crate) trait Protocol: Send + Sync + 'static {
     fn records_intent(&self) -> bool {
         false
     }
+
+    /// Where the attempts of the wait that records this intent went out (see
+    /// [`Protocol::records_intent`]): its withdrawal goes behind them.
+    fn intent_routes(&self) -> Option<&crate::route::Routes> {
+        None
+    }
 }
 
 /// The reading shared by the scripts that answer `1` (done), `2` (done, notification
-/// refused), `3` (an undo an earlier send of which removed our hold: done), `0` (our hold
-/// is absent) or `-1` (another owner holds the lock).
+/// refused), `0` (our hold is absent) or `-1` (another owner holds the lock).
 pub(crate) fn script_answer(reply: &Reply) -> Answer {
     match &reply.value {
-        Ok(Value::Int(1 | 3)) => NodeOutcome::Ok.into(),
+        Ok(Value::Int(1)) => NodeOutcome::Ok.into(),
         Ok(Value::Int(2)) => Answer { outcome: NodeOutcome::Ok, notify_refused: true },
         Ok(Value::Int(0)) => NodeOutcome::Absent.into(),
         Ok(Value::Int(-1)) => NodeOutcome::Held.into(),
@@ -265,7 +198,7 @@ pub(crate) mod testing {
     use super::*;
 
     pub(crate) fn reply(value: Value) -> Reply {
-        Reply { value: Ok(value) }
+        Reply::of(Ok(value))
     }
 
     pub(crate) fn error(code: &str) -> Reply {
@@ -273,6 +206,6 @@ pub(crate) mod testing {
             code: code.into(),
             message: format!("{code} test").into(),
         };
-        Reply { value: Err(failure) }
+        Reply::of(Err(failure))
     }
 }

@@ -6,5 +6,3 @@ pub(crate) mod plain;
 pub(crate) mod reentrant;
 pub(crate) mod rwlock;
 pub(crate) mod semaphore;
-
-mod order_free;

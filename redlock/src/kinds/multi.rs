@@ -85,14 +85,10 @@ impl Protocol for Multi {
         &self.id
     }
 
-    fn command(&self, op: Op, args: &Args<'_>) -> Command {
+    fn command(&self, op: Op, args: &Args) -> Command {
         let token = self.id.token.as_bytes();
-        let (ms, keep) = (args.ttl.arg(), args.keep.arg());
+        let ms = args.ttl.arg();
         let (token, ms) = (Arg::Bytes(token), Arg::Bytes(ms.as_bytes()));
-        // Every script but the check takes the tombstone after the lock keys.
-        let marked: Vec<&str> = (self.set.keys.iter().map(|key| &**key))
-            .chain(std::iter::once(&*self.id.tombstone))
-            .collect();
         match op {
             Op::Acquire | Op::Extend => {
                 let script = if op == Op::Acquire {
@@ -100,22 +96,12 @@ impl Protocol for Multi {
                 } else {
                     &command::MULTI_EXTEND
                 };
-                let mut argv: Vec<Arg<'_>> = vec![token, ms];
-                if op == Op::Acquire {
-                    argv.extend(args.abandoned().map(Arg::Bytes));
-                    let locks: Vec<&str> = self.set.keys.iter().map(|key| &**key).collect();
-                    let keys = args.acquire_keys(&locks, &self.id.tombstone);
-                    return Command::script(script, &keys, &argv, Resend::Safe).bounded();
-                }
-                Command::script(script, &marked, &argv, Resend::Safe).bounded()
+                Command::script(script, &self.set.keys, &[token, ms], Resend::Safe).creating()
             }
             Op::Release | Op::CleanUp => {
                 let channels = self.set.keys.iter().map(|key| args.release_channel(key));
-                let argv: Vec<Arg<'_>> = std::iter::once(token)
-                    .chain(channels)
-                    .chain(std::iter::once(Arg::Bytes(keep.as_bytes())))
-                    .collect();
-                Command::script(&command::MULTI_RELEASE, &marked, &argv, Resend::Safe)
+                let argv: Vec<Arg<'_>> = std::iter::once(token).chain(channels).collect();
+                Command::script(&command::MULTI_RELEASE, &self.set.keys, &argv, Resend::Safe)
             }
             Op::Check => {
                 Command::script(&command::MULTI_CHECK, &self.set.keys, &[token], Resend::Safe)
@@ -129,10 +115,9 @@ impl Protocol for Multi {
         }
         let Ok(Value::Array(counts)) = &reply.value else { return failed(&reply.value).into() };
         match counts.as_slice() {
-            [Value::Int(ours), Value::Int(foreign), Value::Int(refused), Value::Int(before)] => {
+            [Value::Int(ours), Value::Int(foreign), Value::Int(refused)] => {
                 let whole = usize::try_from(*ours).is_ok_and(|ours| ours == self.set.keys.len());
-                // `before`: an earlier send of this undo removed the set.
-                let outcome = if whole || *before == 1 {
+                let outcome = if whole {
                     NodeOutcome::Ok
                 } else if *foreign > 0 {
                     NodeOutcome::Held
@@ -192,16 +177,13 @@ mod tests {
     #[test]
     fn a_release_counts_only_a_whole_set() {
         let multi = Multi::new(Set::new(&config(), &["a", "b"]).unwrap(), None);
-        let release = |ours, foreign, before| {
-            let counts =
-                vec![Value::Int(ours), Value::Int(foreign), Value::Int(0), Value::Int(before)];
+        let release = |ours, foreign| {
+            let counts = vec![Value::Int(ours), Value::Int(foreign), Value::Int(0)];
             multi.answer(Op::Release, &reply(Value::Array(counts))).outcome
         };
-        assert_eq!(release(2, 0, 0), NodeOutcome::Ok);
-        assert_eq!(release(1, 1, 0), NodeOutcome::Held);
-        assert_eq!(release(1, 0, 0), NodeOutcome::Absent);
-        // Its tombstone says an earlier send of this release removed the set.
-        assert_eq!(release(0, 0, 1), NodeOutcome::Ok);
-        assert_eq!(release(0, 1, 1), NodeOutcome::Ok);
+        assert_eq!(release(2, 0), NodeOutcome::Ok);
+        assert_eq!(release(1, 1), NodeOutcome::Held);
+        assert_eq!(release(1, 0), NodeOutcome::Absent);
+        assert_eq!(release(0, 0), NodeOutcome::Absent);
     }
 }

@@ -6,9 +6,8 @@
 //! string, which plain `SET NX` would silently report as "held"); release is a
 //! compare-and-delete script; extend a compare-and-`PEXPIRE` that never sets the key again
 //! where it is gone (it would bring back a key a release had just removed).
-//! Every command compares the token first, so each is safe to send twice; acquisitions and
-//! extensions carry a deadline and respect the token's tombstone, which releases leave
-//! (see [`crate::tombstone`]), so their order on a node does not matter.
+//! Every command compares the token first, so each is safe to send twice; a release goes
+//! behind the hold's unanswered requests (see [`crate::route`]).
 
 use std::sync::Arc;
 
@@ -76,28 +75,19 @@ impl Protocol for Plain {
         &self.id
     }
 
-    fn command(&self, op: Op, args: &Args<'_>) -> Command {
+    fn command(&self, op: Op, args: &Args) -> Command {
         let (key, token) = (self.key(), self.id.token.as_bytes());
-        let keys = [key, &self.id.tombstone];
         match op {
             Op::Acquire | Op::Extend => {
                 let ms = args.ttl.arg();
                 let script =
                     if op == Op::Acquire { &command::PLAIN_ACQUIRE } else { &command::EXTEND };
-                let mut argv: smallvec::SmallVec<[&[u8]; 4]> =
-                    smallvec::smallvec![token, ms.as_bytes()];
-                if op == Op::Acquire {
-                    argv.extend(args.abandoned());
-                    let keys = args.acquire_keys(&[key], &self.id.tombstone);
-                    return Command::script(script, &keys, &argv, Resend::Safe).bounded();
-                }
-                Command::script(script, &keys, &argv, Resend::Safe).bounded()
+                let argv = [token, ms.as_bytes()];
+                Command::script(script, &[key], &argv, Resend::Safe).creating()
             }
             Op::Release | Op::CleanUp => {
-                let keep = args.keep.arg();
-                let args =
-                    [Arg::Bytes(token), args.release_channel(key), Arg::Bytes(keep.as_bytes())];
-                Command::script(&command::RELEASE, &keys, &args, Resend::Safe)
+                let args = [Arg::Bytes(token), args.release_channel(key)];
+                Command::script(&command::RELEASE, &[key], &args, Resend::Safe)
             }
             Op::Check => {
                 let mut cmd = redis::cmd("GET");

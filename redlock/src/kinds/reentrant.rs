@@ -52,10 +52,10 @@ impl Protocol for Reentrant {
         &self.id
     }
 
-    fn command(&self, op: Op, args: &Args<'_>) -> Command {
-        let keys = [&*self.id.keys[0], &*self.id.tombstone];
+    fn command(&self, op: Op, args: &Args) -> Command {
+        let keys = [&*self.id.keys[0]];
         let field = self.field.as_bytes();
-        let (ms, keep) = (args.ttl.arg(), args.keep.arg());
+        let ms = args.ttl.arg();
         let (field, ms) = (Arg::Bytes(field), Arg::Bytes(ms.as_bytes()));
         match op {
             Op::Acquire | Op::Extend => {
@@ -64,22 +64,14 @@ impl Protocol for Reentrant {
                 } else {
                     &command::REENTRANT_EXTEND
                 };
-                let mut argv: Vec<Arg<'_>> = vec![field, ms];
-                if op == Op::Acquire {
-                    argv.extend(args.abandoned().map(Arg::Bytes));
-                    let keys = args.acquire_keys(&keys[..1], keys[1]);
-                    return Command::script(script, &keys, &argv, Resend::Safe).bounded();
-                }
-                Command::script(script, &keys, &argv, Resend::Safe).bounded()
+                Command::script(script, &keys, &[field, ms], Resend::Safe).creating()
             }
             Op::Release | Op::CleanUp => {
                 let channel = args.release_channel(keys[0]);
-                let argv = [field, channel, Arg::Bytes(b""), Arg::Bytes(keep.as_bytes())];
+                let argv = [field, channel, Arg::Bytes(b"")];
                 Command::script(&command::REENTRANT_RELEASE, &keys, &argv, Resend::Safe)
             }
-            Op::Check => {
-                Command::script(&command::REENTRANT_CHECK, &keys[..1], &[field], Resend::Safe)
-            }
+            Op::Check => Command::script(&command::REENTRANT_CHECK, &keys, &[field], Resend::Safe),
         }
     }
 

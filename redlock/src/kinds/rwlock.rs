@@ -16,6 +16,7 @@ use crate::guard::guard;
 use crate::node::Reply;
 use crate::quorum::MAX_TTL;
 use crate::retry::Retry;
+use crate::route::Routes;
 use crate::token;
 
 /// Whether a waiting writer blocks new readers.
@@ -38,55 +39,38 @@ pub(crate) enum Mode {
     Write,
 }
 
-/// A waiting writer's intent: its field and lifetime, the same for all its attempts.
-#[derive(Clone, Debug)]
+/// A waiting writer's intent: its field and lifetime, the same for all its attempts, and
+/// where those attempts went out on each node (its withdrawal goes behind them).
+#[derive(Clone)]
 pub(crate) struct Intent {
     field: Arc<str>,
     ms: u64,
-    /// How long its withdrawal's mark must live on a node: past the deadline of the
-    /// latest attempt that could record the intent there (see [`Intent::withdrawal`]).
-    withdrawn_ms: u64,
+    routes: Routes,
+}
+
+impl std::fmt::Debug for Intent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Intent").field("field", &self.field).field("ms", &self.ms).finish()
+    }
 }
 
 impl Intent {
     /// A fresh intent, living long enough to last from one attempt of `retry` to the next.
-    pub(crate) fn new(config: &Config, retry: &Retry) -> Self {
+    pub(crate) fn new(config: &Config, retry: &Retry, nodes: usize) -> Self {
         let pause = retry.delay().saturating_add(retry.jitter());
         let gap = pause.saturating_mul(2).saturating_add(config.node_timeout.saturating_mul(4));
         // Bounded like a lease, so that the node's expiry arithmetic stays exact.
         let ms = gap.clamp(timing::MIN_INTENT, MAX_TTL).as_millis();
         let field = format!("i:{}", token::generate()).into();
-        // An attempt goes out within a connect timeout, is stamped at most two node
-        // timeouts later (with a re-send), and its deadline is in the node's clock as the
-        // client estimates it, plus that estimate's error: so up to twice the error past
-        // the real time, with the error as for a hold's horizon while a node's clock is
-        // unread (`Node::late_by`), a second, or the connect timeout if longer, since a
-        // first reading may take that long. The node's clock may drift over the span.
-        let clock_error = timing::UNREAD_CLOCK_ERROR.max(config.connect_timeout);
-        let span = timing::stamped_within(config.connect_timeout, config.node_timeout)
-            .saturating_add(clock_error.saturating_mul(2));
-        let withdrawn = crate::quorum::with_drift(span);
-        Self {
-            field,
-            ms: u64::try_from(ms).unwrap_or(u64::MAX),
-            withdrawn_ms: u64::try_from(withdrawn.as_millis()).unwrap_or(u64::MAX),
-        }
+        Self { field, ms: u64::try_from(ms).unwrap_or(u64::MAX), routes: Routes::new(nodes) }
     }
 
-    /// The intent's tombstone on `key`: left by the withdrawal, it keeps any attempt of
-    /// the wait that reaches a node after it from recording the intent there again.
-    fn tombstone(&self, key: &str) -> String {
-        crate::tombstone::key(key, &self.field)
-    }
-
-    /// The command that withdraws this intent from a node (a writer that gave up), and
-    /// leaves the intent's tombstone there.
-    pub(crate) fn withdrawal(&self, key: &str) -> Command {
+    /// The command that withdraws this intent from a node (a writer that gave up), with
+    /// the routes of the wait's attempts, which it goes behind.
+    pub(crate) fn withdrawal(&self, key: &str) -> (Command, Routes) {
         let intent = Arg::Bytes(self.field.as_bytes());
-        let keep = self.withdrawn_ms.to_string();
-        let args = [Arg::Bytes(b""), Arg::ReleaseChannel(key), intent, Arg::Bytes(keep.as_bytes())];
-        let tombstone = self.tombstone(key);
-        Command::script(&command::RW_RELEASE, &[key, &tombstone], &args, Resend::Safe)
+        let args = [Arg::Bytes(b""), Arg::ReleaseChannel(key), intent];
+        (Command::script(&command::RW_RELEASE, &[key], &args, Resend::Safe), self.routes.clone())
     }
 }
 
@@ -130,21 +114,24 @@ impl Protocol for Share {
         self.intent.is_some()
     }
 
+    fn intent_routes(&self) -> Option<&Routes> {
+        self.intent.as_ref().map(|intent| &intent.routes)
+    }
+
     fn identity(&self) -> &Identity {
         &self.id
     }
 
-    fn command(&self, op: Op, args: &Args<'_>) -> Command {
-        let keys = [&*self.id.keys[0], &*self.id.tombstone];
+    fn command(&self, op: Op, args: &Args) -> Command {
+        let keys = [&*self.id.keys[0]];
         let field = self.field.as_bytes();
-        let (ms, keep) = (args.ttl.arg(), args.keep.arg());
-        let keep = Arg::Bytes(keep.as_bytes());
+        let ms = args.ttl.arg();
         let intent_ms = self.intent.as_ref().map_or(0, |intent| intent.ms).to_string();
         let intent = self.intent.as_ref().map_or(&b""[..], |intent| intent.field.as_bytes());
         let (field, ms, intent) =
             (Arg::Bytes(field), Arg::Bytes(ms.as_bytes()), Arg::Bytes(intent));
         let channel = args.release_channel(keys[0]);
-        let (script, mut argv): (_, Vec<Arg<'_>>) = match (op, self.mode) {
+        let (script, argv): (_, Vec<Arg<'_>>) = match (op, self.mode) {
             (Op::Acquire, Mode::Read) => (&command::RW_READ_ACQUIRE, vec![field, ms]),
             (Op::Acquire, Mode::Write) => (
                 &command::RW_WRITE_ACQUIRE,
@@ -153,27 +140,15 @@ impl Protocol for Share {
             (Op::Extend, _) => (&command::RW_EXTEND, vec![field, ms]),
             // Given up for good: the intent goes too (where it lingers, on the nodes that
             // refused us).
-            (Op::Release, _) => (&command::RW_RELEASE, vec![field, channel, intent, keep]),
+            (Op::Release, _) => (&command::RW_RELEASE, vec![field, channel, intent]),
             // A failed attempt of a writer that keeps waiting keeps its intent.
-            (Op::CleanUp, _) => (&command::RW_RELEASE, vec![field, channel, Arg::Bytes(b""), keep]),
+            (Op::CleanUp, _) => (&command::RW_RELEASE, vec![field, channel, Arg::Bytes(b"")]),
             (Op::Check, _) => {
-                return Command::script(&command::RW_CHECK, &keys[..1], &[field], Resend::Safe);
+                return Command::script(&command::RW_CHECK, &keys, &[field], Resend::Safe);
             }
         };
-        if op == Op::Acquire {
-            argv.extend(args.abandoned().map(Arg::Bytes));
-            // A writer's intent's tombstone goes right after the lock key (its withdrawal
-            // may have come first: then the attempt records no intent).
-            let intent_tombstone = self.intent.as_ref().map(|intent| intent.tombstone(keys[0]));
-            let locks: Vec<&str> = match &intent_tombstone {
-                Some(tombstone) if self.mode == Mode::Write => vec![keys[0], tombstone],
-                _ => vec![keys[0]],
-            };
-            let keys = args.acquire_keys(&locks, keys[1]);
-            return Command::script(script, &keys, &argv, Resend::Safe).bounded();
-        }
         let command = Command::script(script, &keys, &argv, Resend::Safe);
-        if op == Op::Acquire || op == Op::Extend { command.bounded() } else { command }
+        if op == Op::Acquire || op == Op::Extend { command.creating() } else { command }
     }
 
     fn answer(&self, op: Op, reply: &Reply) -> Answer {
@@ -255,7 +230,7 @@ mod tests {
             restart_quarantine: Duration::ZERO,
             owner_label: None,
         };
-        let intent = Intent::new(&config, &config_retry);
+        let intent = Intent::new(&config, &config_retry, 3);
         assert_eq!(intent.ms, 600, "2 x (100 + 100) ms + 4 x 50 ms");
         let writer = Share::new("doc".into(), Mode::Write, Some(intent.clone()), None);
         let ttl = config.ttl;
@@ -272,19 +247,13 @@ mod tests {
     }
 
     #[test]
-    fn a_writers_intent_lasts_from_one_attempt_to_the_next_and_its_withdrawal_past_the_last() {
+    fn a_writers_intent_lasts_from_one_attempt_to_the_next() {
         let mut config = crate::config::config("");
         let eager = Retry::new().with_delay(Duration::ZERO).with_jitter(Duration::ZERO);
         config.node_timeout = Duration::from_millis(5);
-        let intent = Intent::new(&config, &eager);
+        let intent = Intent::new(&config, &eager, 3);
         assert_eq!(intent.ms, 50, "never shorter than MIN_INTENT");
         let slow = Retry::new().with_delay(Duration::from_secs(1)).with_jitter(Duration::ZERO);
-        assert_eq!(Intent::new(&config, &slow).ms, 2_020, "2 x 1 s + 4 x 5 ms");
-        // A connect timeout (1 s), two node timeouts and twice an unread clock's error
-        // (1 s), with drift (0.1% and the expiry's 2 ms).
-        assert_eq!(intent.withdrawn_ms, 3_010 + 3 + 2);
-        // A connect timeout longer than a second bounds a first reading's error instead.
-        config.connect_timeout = Duration::from_secs(4);
-        assert_eq!(Intent::new(&config, &eager).withdrawn_ms, 12_010 + 12 + 2);
+        assert_eq!(Intent::new(&config, &slow, 3).ms, 2_020, "2 x 1 s + 4 x 5 ms");
     }
 }

@@ -135,10 +135,9 @@ impl Protocol for PermitHold {
         &self.id
     }
 
-    fn command(&self, op: Op, args: &Args<'_>) -> Command {
+    fn command(&self, op: Op, args: &Args) -> Command {
         let token = self.id.token.as_bytes();
-        let tombstone = &*self.id.tombstone;
-        let keys = [&**self.slot_key(), &self.count_key, tombstone];
+        let keys = [&**self.slot_key(), &self.count_key];
         match op {
             Op::Acquire | Op::Extend => {
                 let ms = args.ttl.arg();
@@ -147,22 +146,15 @@ impl Protocol for PermitHold {
                 } else {
                     &command::PERMIT_EXTEND
                 };
-                let mut argv: smallvec::SmallVec<[&[u8]; 4]> =
-                    smallvec::smallvec![token, ms.as_bytes(), self.count.as_bytes()];
-                if op == Op::Acquire {
-                    argv.extend(args.abandoned());
-                    let keys = args.acquire_keys(&keys[..2], tombstone);
-                    return Command::script(script, &keys, &argv, Resend::Safe).bounded();
-                }
-                Command::script(script, &keys, &argv, Resend::Safe).bounded()
+                let argv = [token, ms.as_bytes(), self.count.as_bytes()];
+                Command::script(script, &keys, &argv, Resend::Safe).creating()
             }
             // The plain lock's release, published on the count key's channel: a waiter for
             // any slot hears it.
             Op::Release | Op::CleanUp => {
-                let keep = args.keep.arg();
                 let channel = args.release_channel(&self.count_key);
-                let argv = [Arg::Bytes(token), channel, Arg::Bytes(keep.as_bytes())];
-                Command::script(&command::RELEASE, &[keys[0], tombstone], &argv, Resend::Safe)
+                let argv = [Arg::Bytes(token), channel];
+                Command::script(&command::RELEASE, &keys[..1], &argv, Resend::Safe)
             }
             Op::Check => {
                 let mut cmd = redis::cmd("GET");

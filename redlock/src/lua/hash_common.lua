@@ -25,19 +25,6 @@ for i = 1, #raw, 2 do
     live[raw[i]] = expiry
   end
 end
--- Drops the holds of the client's abandoned tokens (create_guard.lua's `abandoned_from`),
--- marking each taken over for `ms`: every field is '<kind>:<token>' or
--- '<kind>:<token>:<owner>'.
-local function forget(abandoned, ms)
-  for field in pairs(live) do
-    local token = string.match(field, '^%a:([^:]*)')
-    if token and abandoned[token] then
-      live[field] = nil
-      redis.call('HDEL', key, field)
-      taken_over(abandoned[token], ms)
-    end
-  end
-end
 -- The key lives exactly as long as its longest-lived field: never shorter than any hold.
 local function settle()
   local latest = 0

@@ -1,8 +1,7 @@
--- Hash-based lock, extend (after create_guard.lua): renews our own hold if it is still live here; never shortens it
+-- Hash-based lock, extend: renews our own hold if it is still live here; never shortens it
 -- (a failed extension must leave the old validity backed), never sets it again where it is
 -- gone (that node no longer counts), never touches another's.
--- KEYS[1] = the lock key, KEYS[2] = our tombstone; ARGV[1] = our field, ARGV[2] = the new
--- lease in milliseconds, ARGV[3] = the deadline.
+-- KEYS[1] = the lock key; ARGV[1] = our field, ARGV[2] = the new lease in milliseconds.
 -- Returns 1 when renewed, 0 when our field is absent, -1 when it is absent and a
 -- conflicting hold exists. A key of another type raises WRONGTYPE: never touched.
 

@@ -1,16 +1,13 @@
--- Hash-based lock, release (after undo_mark.lua): removes our own hold (and, for a writer,
--- its intent), never another's, and leaves our tombstone; when no hold remains, waiters are
+-- Hash-based lock, release (after notify.lua): removes our own hold (and, for a writer,
+-- its intent), never another's; when no hold remains, waiters are
 -- told on the release channel (the message names the hold, or the intent withdrawn, by its
 -- field's first 18 characters, as release.lua does: waiters count a release once a quorum
 -- of nodes published the same one; the last reader's, or an owner's last re-entry's, names
 -- none, only 'r:' or 'h:').
--- KEYS[1] = the lock key, KEYS[2] = our tombstone (the intent's, for a withdrawal);
--- ARGV[1] = our field (or '' to withdraw an intent alone), ARGV[2] = the release channel
--- ('' to tell no one),
--- ARGV[3] = our intent field or '', ARGV[4] = the tombstone's lifetime in milliseconds.
+-- KEYS[1] = the lock key; ARGV[1] = our field (or '' to withdraw an intent alone), ARGV[2] =
+-- the release channel ('' to tell no one), ARGV[3] = our intent field or ''.
 -- Returns 1 when our field was removed, 2 when it was removed but the notification was
--- refused (an ACL user without the channel: the release stands), 3 when an earlier send of
--- this undo removed it, 0 when it was absent (expired, never set here), -1 when it was
+-- refused (an ACL user without the channel: the release stands), 0 when it was absent (expired, never set here), -1 when it was
 -- absent and a conflicting hold exists. A key of another type (or a hash of another kind)
 -- raises WRONGTYPE: never touched.
 
@@ -26,17 +23,8 @@ if ARGV[1] ~= '' and live[ARGV[1]] ~= nil then
   redis.call('HDEL', key, ARGV[1])
   changed = true
   result = 1
-elseif ARGV[1] ~= '' and removed_before() then
-  result = 3
 elseif ARGV[1] ~= '' and conflicting(ARGV[1]) then
   result = -1
-end
-if ARGV[1] ~= '' then
-  undone(result == 1)
-elseif ARGV[3] ~= '' then
-  -- A writer's withdrawal of its intent: the intent's tombstone keeps an attempt of that
-  -- wait that reaches the node later from recording it again.
-  undone(false)
 end
 if changed then
   settle()

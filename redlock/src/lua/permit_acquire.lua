@@ -1,8 +1,7 @@
--- Acquire one permit slot of a counting lock (after create_guard.lua): the slot is a plain lock key (key = token), and
+-- Acquire one permit slot of a counting lock (after lengthen.lua): the slot is a plain lock key (key = token), and
 -- the count key next to it (same hash slot) records how many permits the resource has.
--- KEYS[1] = the slot key, KEYS[2] = the count key, then the abandoned tokens' tombstones,
--- then ours; ARGV[1] = our token, ARGV[2] = the lease in milliseconds, ARGV[3] = the number of permits this client
--- asks with, then the client's abandoned tokens, then the deadline.
+-- KEYS[1] = the slot key, KEYS[2] = the count key; ARGV[1] = our token, ARGV[2] = the lease
+-- in milliseconds, ARGV[3] = the number of permits this client asks with.
 -- Returns nil when set, the holder's token (ours after a re-sent request) when the slot is
 -- held, and an integer, the count the node has recorded (0 if unreadable), when it differs
 -- from ours: nothing is changed then. Everything is read before anything is written, so a
@@ -15,11 +14,7 @@ if count and count ~= ARGV[3] then
 end
 local current = redis.call('GET', KEYS[1])
 if current then
-  local abandoned = abandoned_from(4)
-  if not abandoned[current] then
-    return current
-  end
-  taken_over(abandoned[current], ARGV[2])
+  return current
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 if count then

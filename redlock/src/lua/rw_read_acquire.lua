@@ -1,14 +1,11 @@
--- Read-write lock, reader acquire (after create_guard.lua): one more share, unless a writer holds the lock or waits
+-- Read-write lock, reader acquire: one more share, unless a writer holds the lock or waits
 -- for it (a live intent: writer preference).
--- KEYS[1] = the lock key, then the abandoned tokens'
--- tombstones, then ours; ARGV[1] = our field ('r:<token>'),
--- ARGV[2] = the lease in ms, then the client's abandoned tokens, then the deadline.
+-- KEYS[1] = the lock key; ARGV[1] = our field ('r:<token>'), ARGV[2] = the lease in ms.
 -- Returns 1 when the share is set (or was already: a re-sent request), -1 when a writer
 -- holds the lock, -2 when a writer waits. A key of another type raises WRONGTYPE.
 
 -- Our own share already here (a re-sent request that landed twice): it is ours, whatever
 -- came since, and refusing it would leave it behind, unreleased.
-forget(abandoned_from(3), ARGV[2])
 if live[ARGV[1]] then
   hold(ARGV[1], ARGV[2])
   settle()

@@ -103,8 +103,7 @@ pub async fn gone_everywhere(cluster: &Cluster, keys: &[&str], what: &str) {
     settled(what, || none_left(left(), || format!("left of {keys:?}"))).await
 }
 
-/// [`gone_everywhere`] for every key matching `pattern`, tombstones aside (see
-/// `Cluster::keys_everywhere`).
+/// [`gone_everywhere`] for every key matching `pattern`.
 pub async fn none_match_everywhere(cluster: &Cluster, pattern: &str, what: &str) {
     let left = || cluster.keys_everywhere(pattern).unwrap();
     settled(what, || none_left(left(), || format!("keys left matching {pattern}"))).await
@@ -436,17 +435,14 @@ pub async fn held_on_five(node_timeout: Duration) -> (FaultyCluster, Redlock, Lo
 /// The SHA1 the library sends its plain lock's acquisition script by (`EVALSHA`): what a
 /// proxy can pick acquisitions out by.
 pub fn plain_acquire_sha() -> String {
-    let source = concat!(
-        include_str!("../../src/lua/create_guard.lua"),
-        include_str!("../../src/lua/plain_acquire.lua")
-    );
+    let source = concat!(include_str!("../../src/lua/plain_acquire.lua"));
     redis::Script::new(source).get_hash().to_owned()
 }
 
 /// The SHA1 of the plain lock's release script (also its clean-up's).
 pub fn release_sha() -> String {
     let source = concat!(
-        include_str!("../../src/lua/undo_mark.lua"),
+        include_str!("../../src/lua/notify.lua"),
         include_str!("../../src/lua/release.lua")
     );
     redis::Script::new(source).get_hash().to_owned()
@@ -458,7 +454,7 @@ pub fn rw_release_sha() -> String {
     let source = concat!(
         include_str!("../../src/lua/rw_fields.lua"),
         include_str!("../../src/lua/hash_common.lua"),
-        include_str!("../../src/lua/undo_mark.lua"),
+        include_str!("../../src/lua/notify.lua"),
         include_str!("../../src/lua/hash_release.lua")
     );
     redis::Script::new(source).get_hash().to_owned()
@@ -467,14 +463,13 @@ pub fn rw_release_sha() -> String {
 /// The SHA1 of the plain lock's extension script.
 pub fn extend_sha() -> String {
     let source = concat!(
-        include_str!("../../src/lua/create_guard.lua"),
+        include_str!("../../src/lua/lengthen.lua"),
         include_str!("../../src/lua/extend.lua")
     );
     redis::Script::new(source).get_hash().to_owned()
 }
 
-/// How many times `node` answered a request with the error `code` (`INFO errorstats`): a
-/// create refused past its deadline is `LATE`, one whose token was undone `UNDONE`.
+/// How many times `node` answered a request with the error `code` (`INFO errorstats`).
 pub fn refusals(node: &redlock_testkit::RedisNode, code: &str) -> u64 {
     let mut con = node.connection().unwrap();
     let info: String = redis::cmd("INFO").arg("errorstats").query(&mut con).unwrap();

@@ -145,6 +145,22 @@ pub fn describe(cluster: &Cluster, i: usize, key: &str) -> String {
 
 /// Waits until a proxy's hold of `hold` is over, then asserts that `key` is gone from
 /// node `i` (or goes within two seconds).
+/// The ordering's limit (`guide::order`): node `i` read a create of a released hold only
+/// after its connection broke (a runtime that ended with it written), so it may run after
+/// the release. What it leaves must expire with its own lease (the client's 10 s TTL, sent
+/// when its round started, before now), never be renewed, and be gone once that passed;
+/// it holds only the released hold's token, which no other client counts as its own.
+pub async fn assert_left_at_most_for_its_lease(
+    cluster: &Cluster,
+    (i, key): (usize, &str),
+    hold: Duration,
+    what: &str,
+) {
+    tokio::time::sleep(hold + Duration::from_millis(500)).await;
+    let pttl = cluster.node(i).pttl(key).unwrap();
+    assert!(pttl < 10_000, "{what}: `{key}` on node {i} outlives its lease: {pttl} ms");
+}
+
 pub async fn assert_gone_after_hold(
     cluster: &Cluster,
     (i, key): (usize, &str),

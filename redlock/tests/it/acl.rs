@@ -114,30 +114,6 @@ async fn the_quarantine_rules_are_enough_for_restart_quarantine() {
     );
 }
 
-/// A user that may not read the node's clock (`-time`) sends creates with no deadline: one
-/// that runs late is refused only by the release's tombstone, which then lives until
-/// whatever the hold set has expired (past the lease), not the few seconds a release's
-/// tombstone lives where the clock is read.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_the_clock_a_releases_tombstone_lives_past_the_lease() {
-    let tombstone_ms = |rules: &[&str], key: &'static str| {
-        let (cluster, builder) = cluster_as("clock", rules);
-        async move {
-            let rl = builder.build().unwrap();
-            let lock = rl.lock(key).await.unwrap();
-            let token = lock.token().to_owned();
-            lock.release().await.unwrap();
-            cluster.node(0).pttl(&format!("app:{key}:undone:{{app:{key}}}:{token}")).unwrap()
-        }
-    };
-    let with_clock = tombstone_ms(MINIMAL, "dated").await;
-    let without = tombstone_ms(&rules(&["+time"], &[]), "undated").await;
-    // The default lease: 10 s. With the clock: a connect timeout (1 s), four node timeouts
-    // (500 ms each) and 260 ms of pauses, and a little drift.
-    assert!((3_000..3_400).contains(&with_clock), "{with_clock} ms with the clock");
-    assert!(without > 10_000, "{without} ms without the clock");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_inspect_rules_are_enough_to_inspect_every_kind() {
     let (_cluster, builder) = cluster_as("inspect", &common::readme_acls(&["locking", "inspect"]));

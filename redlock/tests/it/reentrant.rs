@@ -140,10 +140,11 @@ async fn plain_and_reentrant_locks_on_one_resource_exclude_each_other() {
     assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("res") == 0).await);
 }
 
-/// An acquisition that timed out on a slow node reaches it past its deadline: the node
-/// refuses it, so it sets nothing there, and the other hold is untouched.
+/// An acquisition that timed out on a slow node still lands there once the node wakes (it
+/// carries no deadline); the hold's release then removes it there too, and the other hold
+/// is untouched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_late_acquisition_on_a_slow_node_sets_nothing_there() {
+async fn a_late_acquisition_on_a_slow_node_is_released_with_its_hold() {
     let mut cluster = common::cluster(5);
     let rl = common::builder(&cluster, Duration::from_millis(100)).build().unwrap();
     let lease = Duration::from_millis(1_500);
@@ -153,11 +154,7 @@ async fn a_late_acquisition_on_a_slow_node_sets_nothing_there() {
     let slow = cluster.pause_for(&[0], Duration::from_millis(400)).unwrap();
     let second = rl.reentrant("job", "a").ttl(lease).once().await.unwrap();
     slow.join().unwrap();
-    // Node 0 refused the queued acquisition after waking up: it came past its deadline.
-    let late = [Some(1), Some(2), Some(2), Some(2), Some(2)];
-    counts_become(&cluster, "job", "a", &late).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(counts(&cluster, "job", "a"), late);
+    counts_become(&cluster, "job", "a", &[Some(2); 5]).await;
 
     second.release().await.unwrap();
     counts_become(&cluster, "job", "a", &[Some(1); 5]).await;

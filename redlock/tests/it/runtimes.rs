@@ -70,7 +70,7 @@ async fn ended_before_its_release(release: bool) {
     } else {
         drop(lock);
     }
-    assert_gone_after_hold(cluster, (2, "k"), HOLD, &what).await;
+    assert_left_at_most_for_its_lease(cluster, (2, "k"), HOLD, &what).await;
 }
 
 // The same with a dropped guard (no release() call): the drop's release reaches node 2
@@ -92,7 +92,7 @@ async fn a_reentrant_hold_released_after_its_runtime_ended_leaves_no_field_behin
     assert!(!cluster.node(2).exists("r").unwrap(), "staging: node 2's acquisition was not held");
     let what = format!("reentrant hold released (its field: {})", hold.field());
     hold.release().await.unwrap();
-    assert_gone_after_hold(cluster, (2, "r"), HOLD, &what).await;
+    assert_left_at_most_for_its_lease(cluster, (2, "r"), HOLD, &what).await;
 }
 
 // A refused attempt's clean-up, from a multi-thread runtime that ends right after the
@@ -562,24 +562,20 @@ async fn lock_of_an_ended_runtime_with_a_held_acquisition(
 }
 
 // The release of a lock whose runtime ended finds nothing on node 2 (its SET is still
-// held) and is sent again in the background; shutdown(500 ms) must keep its deadline, and
-// must not say Ok while that SET is still to land (or has landed and stays).
+// held, written on a connection that closed with the runtime); shutdown(500 ms) must keep
+// its deadline. The SET may land after the release (the ordering's limit): then its key
+// holds the released token and expires with its lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shutdown_keeps_its_deadline_and_its_word_while_an_unconfirmed_release_is_resent() {
+async fn shutdown_keeps_its_deadline_while_an_unconfirmed_release_is_resent() {
     let (faulty, rl, lock) = lock_of_an_ended_runtime_with_a_held_acquisition("k").await;
     lock.release().await.unwrap();
     let started = Instant::now();
     let shut = rl.shutdown(Duration::from_millis(500)).await;
     let took = started.elapsed();
     assert!(took < Duration::from_millis(1200), "shutdown(500 ms) took {took:?}");
-    tokio::time::sleep(HOLD + Duration::from_millis(500)).await;
+    assert!(shut.is_ok(), "the release was confirmed on a quorum: {shut:?}");
     let cluster = faulty.cluster();
-    let left = cluster.node(2).exists("k").unwrap();
-    assert!(
-        shut.is_err() || !left,
-        "shutdown said Ok, and node 2 keeps the released lock's key ({})",
-        describe(cluster, 2, "k")
-    );
+    assert_left_at_most_for_its_lease(cluster, (2, "k"), HOLD, "after the shutdown").await;
 }
 
 // The background re-sends of an unconfirmed release must not remove a later hold of the
@@ -588,14 +584,15 @@ async fn shutdown_keeps_its_deadline_and_its_word_while_an_unconfirmed_release_i
 async fn the_resends_of_an_unconfirmed_release_leave_the_next_hold_alone() {
     let (faulty, rl, lock) = lock_of_an_ended_runtime_with_a_held_acquisition("k").await;
     lock.release().await.unwrap();
-    tokio::time::sleep(HOLD + Duration::from_millis(500)).await;
     let cluster = faulty.cluster();
-    let gone = common::eventually(Duration::from_secs(2), || cluster.count_key("k") == 0);
-    assert!(gone.await, "node 2: {}", describe(cluster, 2, "k"));
+    assert_left_at_most_for_its_lease(cluster, (2, "k"), HOLD, "released").await;
     faulty.proxy(2).release_holds();
+    // Granted on nodes 0 and 1 at least (node 2 may keep the released key until its lease
+    // ends): the re-sends must not remove it anywhere.
     let next = rl.try_lock("k").await.unwrap();
+    let granted = cluster.nodes_holding("k", next.token());
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert_eq!(cluster.nodes_holding("k", next.token()).len(), 3, "the next hold was removed");
+    assert_eq!(cluster.nodes_holding("k", next.token()), granted, "the next hold was removed");
     next.release().await.unwrap();
 }
 
@@ -738,22 +735,23 @@ async fn shutdown_keeps_its_deadline_while_unordered_releases_are_resent() {
 // the two, the task keeps the worker busy (synchronous work, as applications do): the
 // nodes close every connection (CLIENT KILL), and another client force-releases the lock,
 // takes it and releases it. The connections' drivers have not seen the kill when the
-// release is sent, so its first try fails without writing anything; the try that follows
-// must not read "absent" as "the first try removed it": release() says NotHeld for a lock
-// another client held meanwhile.
+// release is sent, so its first try is queued on a connection about to drop: nothing
+// tells whether it was written, and the try that follows counts as done whatever it finds
+// (`guide::order`: a release sent again cannot tell its own removal from a forced one).
 #[test]
-fn a_release_from_a_busy_runtime_after_the_nodes_closed_its_connections_reports_not_held() {
+fn a_release_queued_before_the_driver_saw_the_nodes_close_counts_as_done() {
     release_after_a_kill_and_a_takeover_meanwhile(false);
 }
 
 // The same, but the task awaits 100 ms before the release: the drivers run, see the EOF
-// and end, and the release still says NotHeld.
+// and end; the first try is refused before anything is written, so the next one is exact
+// and the release says NotHeld.
 #[test]
 fn a_release_after_the_drivers_saw_the_kill_reports_not_held() {
     release_after_a_kill_and_a_takeover_meanwhile(true);
 }
 
-/// [`a_release_from_a_busy_runtime_after_the_nodes_closed_its_connections_reports_not_held`]'s
+/// [`a_release_queued_before_the_driver_saw_the_nodes_close_counts_as_done`]'s
 /// staging; `yield_first`: the task awaits (lets the drivers run) before the release.
 fn release_after_a_kill_and_a_takeover_meanwhile(yield_first: bool) {
     let cluster = common::cluster(3);
@@ -791,11 +789,10 @@ fn release_after_a_kill_and_a_takeover_meanwhile(yield_first: bool) {
         lock.release().await.map_err(|err| err.kind())
     });
     let released = runtime.block_on(task).unwrap();
-    assert_eq!(
-        released,
-        Err(redlock::ErrorKind::NotHeld),
-        "release() of a lock another client held meanwhile"
-    );
+    // Queued before its driver saw the close, the first send may have been written: sent
+    // again, it counts as done (`guide::order`). Refused at once, it was not: exact.
+    let expected = if yield_first { Err(redlock::ErrorKind::NotHeld) } else { Ok(()) };
+    assert_eq!(released, expected, "release() of a lock another client held meanwhile");
 }
 
 // Lease 2 s. Node 2's proxy holds E1 (an extension from runtime B, on B's connection) for
@@ -939,7 +936,7 @@ async fn a_lock_healed_after_its_runtime_ended_leaves_no_key_behind_its_held_acq
     let what =
         format!("released after a healing extension (healed: {healed}; token {})", lock.token());
     lock.release().await.unwrap();
-    assert_gone_after_hold(cluster, (2, "k"), HOLD, &what).await;
+    assert_left_at_most_for_its_lease(cluster, (2, "k"), HOLD, &what).await;
 }
 
 // Undos handed over to the client's own thread when their runtime ends.
@@ -1191,11 +1188,12 @@ async fn a_writer_giving_up_on_a_short_lived_runtime_leaves_no_grant_nor_intent(
     }
 }
 
-/// A chain across three runtimes: an extension left unsent on node 4 by a first
-/// short-lived runtime (dropped with it), then the release from a second one, handed over:
-/// nothing of a2's may stay on node 4, whatever order the three land in.
+/// A chain across three runtimes: an extension left on node 4 by a first short-lived
+/// runtime (dropped with it), then the release from a second one, handed over: nothing of
+/// a2's stays on nodes 0-3, and on node 4 at most its own key until its lease ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_extension_and_a_release_from_two_short_lived_runtimes_stay_behind_the_set() {
+async fn an_extension_and_a_release_from_two_short_lived_runtimes_leave_at_most_the_extended_lease()
+{
     let (faulty, rl) = common::five_slowed_nodes(Duration::from_secs(2)).await;
     let cluster = faulty.cluster();
     let key = "ext";
@@ -1208,7 +1206,15 @@ async fn an_extension_and_a_release_from_two_short_lived_runtimes_stay_behind_th
         a2
     });
     on_short_multi_thread(End::Drop, async move { a2.release().await }).unwrap();
-    assert_not_left(cluster, key, &token, "extension then release").await;
+    // The first runtime ended with the extension written (the ordering's limit): node 4 may
+    // keep a2's key, with its token, for at most the 10 s it was extended to.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let left = cluster.node(4).get(key).unwrap();
+    assert!(left.is_none() || left.as_deref() == Some(token.as_str()), "{left:?}");
+    assert!(cluster.node(4).pttl(key).unwrap() <= 10_000);
+    for i in 0..4 {
+        assert!(!cluster.node(i).exists(key).unwrap(), "left on node {i}");
+    }
 }
 
 // Auto-extension and refused attempts on runtimes that end.

@@ -62,8 +62,6 @@ impl Sent {
 #[derive(Debug)]
 pub(crate) struct Undos {
     entries: Mutex<Entries>,
-    /// How many registrations there are: lets the common case skip the lock.
-    registered: AtomicUsize,
     /// The next registration's id.
     next_id: AtomicU64,
     /// Per node, how many undos left to the background failed there.
@@ -78,7 +76,6 @@ impl Undos {
     pub(crate) fn new(nodes: usize) -> Arc<Self> {
         Arc::new(Self {
             entries: Mutex::default(),
-            registered: AtomicUsize::new(0),
             next_id: AtomicU64::new(0),
             failures: (0..nodes).map(|_| AtomicUsize::new(0)).collect(),
             faults: Mutex::new(vec![None; nodes]),
@@ -97,7 +94,6 @@ impl Undos {
             }
             insert(entries.entry(last.clone()).or_default(), Registration { id, sent });
         }
-        self.registered.fetch_add(1, Ordering::AcqRel);
         Tracked { undos: self.clone(), id, keys: keys.clone() }
     }
 
@@ -173,7 +169,6 @@ impl Drop for Tracked {
                 }
             }
         }
-        self.undos.registered.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -207,7 +202,6 @@ mod tests {
         assert_eq!(undos.lock()["b"].len(), 1);
         drop(one);
         assert!(undos.lock().is_empty());
-        assert_eq!(undos.registered.load(Ordering::Acquire), 0);
     }
 
     #[test]
@@ -220,7 +214,6 @@ mod tests {
         drop(SettleOnDrop::new(slot));
         assert_eq!(undos.in_flight(), [false, false]);
         drop(tracked);
-        assert_eq!(undos.registered.load(Ordering::Acquire), 0);
         assert!(undos.lock().is_empty());
     }
 }

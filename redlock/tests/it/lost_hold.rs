@@ -220,13 +220,15 @@ async fn lost_read_share_spares_the_writer_that_took_over() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_write_grant_leaves_another_writers_intent() {
     let cluster = common::cluster(5);
+    // A's grant must outlast B's attempts until the test takes it away, on a loaded
+    // machine too (B's first attempt may not go out, and its next is 2 s later).
     let waiting = |delay: Duration| {
-        common::builder(&cluster, Duration::from_millis(200))
+        common::builder(&cluster, Duration::from_secs(20))
             .retry(
                 Retry::new()
                     .with_unbounded_attempts()
                     .with_delay(delay)
-                    .with_max_wait(Duration::from_secs(6)),
+                    .with_max_wait(Duration::from_secs(15)),
             )
             .build()
             .unwrap()
@@ -287,7 +289,7 @@ async fn lost_write_grant_leaves_another_writers_intent() {
         );
     }
     let b_grant =
-        tokio::time::timeout(Duration::from_secs(4), other).await.unwrap().unwrap().unwrap();
+        tokio::time::timeout(Duration::from_secs(6), other).await.unwrap().unwrap().unwrap();
     b_grant.release().await.unwrap();
 }
 

@@ -650,18 +650,19 @@ impl Node {
     /// nor once an undo of its hold was issued (its `route`: see [`Route::queue`]); it
     /// answers `LATE` or `WITHHELD` then: the client's bounds on what a create may still
     /// set count on every create going out by then, however late its future is polled (a
-    /// caller's runtime idle or blocked meanwhile).
+    /// caller's runtime idle or blocked meanwhile). A create is recorded on its routes
+    /// (the hold's, and `also` its wait's); an extension (`renews`) only checked.
     ///
     /// `connected` is what [`Node::connect_first`] found, if it was just now.
     pub(crate) async fn send(
         &self,
         command: &Command,
-        (by, route, also): (Option<Instant>, Option<&Route>, Option<&Route>),
+        (by, route, also, renews): (Option<Instant>, Option<&Route>, Option<&Route>, bool),
         connected: Connected,
     ) -> Reply {
         // A create without a time to go out by goes out by now: never later than asked.
         let by = command.creates().then(|| by.unwrap_or_else(crate::clock::now));
-        let bound = Bound { by, route, also };
+        let bound = Bound { by, route, also, records: command.creates() && !renews };
         let reply = self.send_cmd(command.first(), command.resend(), bound, connected.0).await;
         if !matches!(&reply.value, Err(failure) if failure.is_noscript()) {
             return reply;
@@ -760,13 +761,18 @@ impl Node {
         fn answered((sent, _): &(RedisResult<Value>, bool)) -> bool {
             sent.is_ok()
         }
+        // Recorded as not fresh: an undo that goes behind it finds the connection used.
+        let recorded = Handle { fresh: false, ..handle.clone() };
         let queued = match (bound.route, bound.also) {
             (None, _) => Some(send.await),
-            (Some(route), None) => route.queue(&handle, send, answered).await,
+            (Some(route), _) if !bound.records => route.gate(send).await,
+            (Some(route), None) => route.queue(&recorded, send, answered).await,
+            // Not recorded on the wait's route either when its own refuses it.
+            (Some(route), Some(_)) if route.is_undone() => None,
             (Some(route), Some(also)) => {
-                let inner = route.queue(&handle, send, answered);
+                let inner = route.queue(&recorded, send, answered);
                 let answered_too = |sent: &Option<_>| sent.as_ref().is_some_and(answered);
-                also.queue(&handle, inner, answered_too).await.flatten()
+                also.queue(&recorded, inner, answered_too).await.flatten()
             }
         };
         let Some((sent, at_once)) = queued else {
@@ -1109,11 +1115,13 @@ struct Bound<'a> {
     route: Option<&'a Route>,
     /// A second route it is recorded on (its wait's, for a writer's withdrawal).
     also: Option<&'a Route>,
+    /// It creates (recorded on its routes), rather than extends (only refused by them).
+    records: bool,
 }
 
 impl Bound<'_> {
     /// For a command that creates nothing.
-    const NONE: Self = Self { by: None, route: None, also: None };
+    const NONE: Self = Self { by: None, route: None, also: None, records: false };
 }
 
 enum Sent {

@@ -2,7 +2,8 @@
 //!
 //! A node runs the requests of one connection in the order they were queued, and nothing
 //! orders two connections. So an undo (a release, a clean-up, a writer's withdrawal) goes
-//! out on the connection its hold's last create or extension was queued on, behind it;
+//! out on the connection its hold's last create was queued on, behind it, while that is
+//! not answered (an extension sets nothing where the key is gone: it needs no order);
 //! and once an undo is issued, no create or extension of the hold is queued any more,
 //! wherever its future is polled (a straggler of the acquisition round, an extension in
 //! the background, a create left in a runtime that sat idle). Queueing a create and
@@ -26,7 +27,7 @@ enum State<H> {
     /// Nothing of the hold was queued to the node.
     #[default]
     Unsent,
-    /// Its last create or extension was queued on this connection; `in_flight` of them
+    /// Its last create was queued on this connection; `in_flight` of its creates
     /// are not answered yet (or never will be: dropped unanswered, or lost with their
     /// connection).
     Sent { handle: H, in_flight: u32 },
@@ -49,7 +50,7 @@ pub(crate) enum Undo<H = Handle> {
     /// Nothing of the hold was ever queued to the node, and nothing will be: nothing to
     /// undo there.
     Nothing,
-    /// Behind the hold's last create or extension, on its connection: it is not answered
+    /// Behind the hold's last create, on its connection: it is not answered
     /// yet.
     Behind(H),
     /// Anywhere: everything of the hold queued there was answered, so it ran. The caller's
@@ -110,14 +111,46 @@ impl<H: Clone> Route<H> {
         undo
     }
 
-    /// Runs `send`, a create or extension on `handle`'s connection, unless an undo of the
-    /// hold was issued (`None` then: it was not sent). Its first poll, which queues it on
-    /// the connection (or in the connection's first-come queue for room), runs under the
+    /// Whether an undo of the hold was issued on the node.
+    pub(crate) fn is_undone(&self) -> bool {
+        self.lock().is_none_or(|state| matches!(*state, State::Undone(_)))
+    }
+
+    /// Runs `send`, a create on `handle`'s connection, unless an undo of the hold was
+    /// issued (`None` then: it was not sent). Its first poll, which queues it on the
+    /// connection (or in the connection's first-come queue for room), runs under the
     /// route's lock, and so does the record of where it went; an answer (what `answered`
     /// says is one) is recorded too.
     pub(crate) async fn queue<F>(
         &self,
         handle: &H,
+        send: F,
+        answered: fn(&F::Output) -> bool,
+    ) -> Option<F::Output>
+    where
+        H: Send + Sync,
+        F: Future + Send,
+        F::Output: Send,
+    {
+        self.enqueue(Some(handle), send, answered).await
+    }
+
+    /// Runs `send`, an extension, unless an undo of the hold was issued (`None` then), and
+    /// records nothing: an extension sets nothing where the key is gone, so whichever of
+    /// it and an undo runs first on a node, no key is left (and recorded, one on another
+    /// connection would move the undo away from a create not answered yet).
+    pub(crate) async fn gate<F>(&self, send: F) -> Option<F::Output>
+    where
+        H: Send + Sync,
+        F: Future + Send,
+        F::Output: Send,
+    {
+        self.enqueue(None, send, |_| false).await
+    }
+
+    async fn enqueue<F>(
+        &self,
+        record: Option<&H>,
         send: F,
         answered: fn(&F::Output) -> bool,
     ) -> Option<F::Output>
@@ -139,12 +172,15 @@ impl<H: Clone> Route<H> {
                 State::Sent { in_flight, .. } => *in_flight,
             };
             let polled = send.as_mut().poll(cx);
-            *state = State::Sent { handle: handle.clone(), in_flight: in_flight + 1 };
+            if let Some(handle) = record {
+                *state = State::Sent { handle: handle.clone(), in_flight: in_flight + 1 };
+            }
             queued = true;
             polled.map(Some)
         })
         .await?;
-        if answered(&result)
+        if record.is_some()
+            && answered(&result)
             && let Some(mut state) = self.lock()
             && let State::Sent { in_flight, .. } = &mut *state
         {
@@ -190,6 +226,20 @@ mod tests {
         assert_eq!(routes.get(1).undo(), Undo::Behind(8));
         // A second undo (a release after a lost hold's) goes the same way.
         assert_eq!(routes.get(1).undo(), Undo::Behind(8));
+    }
+
+    #[tokio::test]
+    async fn an_extension_is_refused_once_undone_and_never_moves_the_undo() {
+        let routes = Routes::<u64>::new(1);
+        let route = routes.get(0);
+        let create = route.queue(&7, std::future::pending::<Answer>(), Result::is_ok);
+        assert!(futures::FutureExt::now_or_never(create).is_none());
+        // Answered on another connection: the undo still goes behind the create.
+        assert_eq!(route.gate(async { Answer::Ok(1) }).await, Some(Ok(1)));
+        let lost = route.gate(std::future::pending::<Answer>());
+        assert!(futures::FutureExt::now_or_never(lost).is_none());
+        assert_eq!(route.undo(), Undo::Behind(7));
+        assert_eq!(route.gate(async { Answer::Ok(1) }).await, None);
     }
 
     #[tokio::test]

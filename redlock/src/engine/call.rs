@@ -118,7 +118,10 @@ impl NodeCall {
                     }
                 },
                 timeout,
-                |connected| node.send(&command, (by, route.as_ref(), also.as_ref()), connected),
+                |connected| {
+                    let bounds = (by, route.as_ref(), also.as_ref(), op == Op::Extend);
+                    node.send(&command, bounds, connected)
+                },
             );
             let reply = match reply.await {
                 Some(reply) if reply.is_lost() && op.is_undo() => {
@@ -192,7 +195,7 @@ async fn undo_again(
         return Some(first);
     }
     let reached = || node.may_have_reached(since);
-    let send = || node.send(command, (None, None, None), Connected::default());
+    let send = || node.send(command, (None, None, None, false), Connected::default());
     let resend = || tokio::time::timeout(timeout, send());
     resend_lost(first, reached, resend).await
 }

@@ -10,6 +10,7 @@ use std::sync::LazyLock;
 use redis::Cmd;
 
 use crate::channel::ReleaseChannel;
+use crate::native::Native;
 
 macro_rules! scripts {
     ($($name:ident = $($file:literal),+;)*) => {
@@ -68,6 +69,8 @@ pub(crate) struct Command {
     /// It creates or renews a hold: not sent past its time to go out, nor once an undo of
     /// its hold was issued (see `engine::call`).
     creates: bool,
+    /// The server's own command that does the same, where the connection's server has it.
+    native: Option<Native>,
 }
 
 #[derive(Debug)]
@@ -79,7 +82,7 @@ enum Kind {
 impl Command {
     /// A plain command.
     pub(crate) fn plain(cmd: Cmd, resend: Resend) -> Self {
-        Self { kind: Kind::Plain(cmd), resend, creates: false }
+        Self { kind: Kind::Plain(cmd), resend, creates: false, native: None }
     }
 
     /// An invocation of `script`, by hash, with the `EVAL` fallback for a node that does not
@@ -106,7 +109,7 @@ impl Command {
         for arg in args {
             arg.write_to(&mut evalsha);
         }
-        Self { kind: Kind::Script { script, evalsha }, resend, creates: false }
+        Self { kind: Kind::Script { script, evalsha }, resend, creates: false, native: None }
     }
 
     /// What is sent first.
@@ -140,6 +143,16 @@ impl Command {
     pub(crate) fn creating(mut self) -> Self {
         self.creates = true;
         self
+    }
+
+    /// Sent as `native` where the connection's server runs it (see [`crate::native`]).
+    pub(crate) fn or_native(mut self, native: Native) -> Self {
+        self.native = Some(native);
+        self
+    }
+
+    pub(crate) fn native(&self) -> Option<&Native> {
+        self.native.as_ref()
     }
 
     /// Whether it creates or renews a hold (see [`Command::creating`]).

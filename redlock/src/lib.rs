@@ -51,9 +51,9 @@
 //!   lease of a lock kept alive in the background.
 //!
 //! # How a lock is taken
-//! An attempt sends a script that sets `key` to a fresh token if nobody holds it (what
-//! `SET key token NX PX ttl` does, and it names the holder otherwise) to every node at
-//! once, each under its own
+//! An attempt sends `SET key token NX PX ttl GET` (set `key` to a fresh token if nobody
+//! holds it, and name the holder otherwise; a script that does the same on Redis 6.2) to
+//! every node at once, each under its own
 //! [node timeout](RedlockBuilder::node_timeout), with a fresh 160-bit random token. It is
 //! decided as soon as the outcome is certain: granted when a quorum (`N/2 + 1`) said yes,
 //! refused when too many said no or failed for a quorum to remain possible; slow nodes are
@@ -79,8 +79,9 @@
 //! attempt that needs its vote at most `connect_timeout + node_timeout`, once per outage.
 //! [`Redlock::connect`] opens every node's connection at once, up front.
 //!
-//! Release and extend are compare-the-token Lua scripts (`EVALSHA`, reloaded after a node
-//! restart) sent to all nodes at once. They never delete or extend another owner's key.
+//! Release and extend compare the token (the server's `DELIFEQ` and `SET ... IFEQ` where it
+//! has them, Lua scripts elsewhere: [`guide::kinds`]), sent to all nodes at once. They
+//! never delete or extend another owner's key.
 //!
 //! # What is guaranteed, and what is not
 //! Within its model (no clock on any node jumps or runs faster than the drift factor
@@ -223,6 +224,7 @@ pub mod guide;
 mod inspect;
 mod kinds;
 mod lease;
+mod native;
 mod node;
 mod quarantine;
 mod quorum;

@@ -33,6 +33,7 @@ use tokio::task::JoinHandle;
 use crate::command::{self, Command, Resend};
 use crate::denied;
 use crate::error::NodeOutcome;
+use crate::native::{self, Native, Offers};
 use crate::quarantine;
 use crate::route::Route;
 use crate::server;
@@ -174,12 +175,15 @@ impl Reply {
 /// Asks whether a cached connection is still open before a command that must not run twice.
 static PING: LazyLock<Cmd> = LazyLock::new(|| redis::cmd("PING"));
 
-type Connecting = Shared<BoxFuture<'static, Result<MultiplexedConnection, Failure>>>;
+/// An open connection and what its server was found to offer.
+type Opened = (MultiplexedConnection, Arc<Offers>);
+
+type Connecting = Shared<BoxFuture<'static, Result<Opened, Failure>>>;
 
 enum State {
     Idle,
     Connecting { generation: u64, future: Connecting },
-    Ready { generation: u64, connection: MultiplexedConnection },
+    Ready { generation: u64, connection: MultiplexedConnection, offers: Arc<Offers> },
 }
 
 /// Where a connection's driver (the redis-rs task that writes and reads its socket) runs,
@@ -346,7 +350,7 @@ impl Connections {
         &self,
         place: Place,
         generation: u64,
-        result: &Result<MultiplexedConnection, Failure>,
+        result: &Result<Opened, Failure>,
         reached: bool,
     ) {
         let mut lanes = lock_ignoring_poison(&self.lanes);
@@ -359,7 +363,9 @@ impl Connections {
         }
         self.connect_failed.store(result.is_err(), Ordering::Relaxed);
         *state = match result {
-            Ok(connection) => State::Ready { generation, connection: connection.clone() },
+            Ok((connection, offers)) => {
+                State::Ready { generation, connection: connection.clone(), offers: offers.clone() }
+            }
             Err(_) => State::Idle,
         };
         match result {
@@ -420,6 +426,7 @@ impl Connected {
 pub(crate) struct Handle {
     generation: u64,
     connection: MultiplexedConnection,
+    offers: Arc<Offers>,
     fresh: bool,
 }
 
@@ -663,7 +670,8 @@ impl Node {
         // A create without a time to go out by goes out by now: never later than asked.
         let by = command.creates().then(|| by.unwrap_or_else(crate::clock::now));
         let bound = Bound { by, route, also, records: command.creates() && !renews };
-        let reply = self.send_cmd(command.first(), command.resend(), bound, connected.0).await;
+        let first = (command.first(), command.native());
+        let reply = self.send_cmd(first, command.resend(), bound, connected.0).await;
         if !matches!(&reply.value, Err(failure) if failure.is_noscript()) {
             return reply;
         }
@@ -672,7 +680,7 @@ impl Node {
         // like every rare path here: the request future stays smaller, and a round moves
         // its requests around.
         let resent = reply.resent;
-        let reply = Box::pin(self.send_cmd(&eval, command.resend(), bound, None)).await;
+        let reply = Box::pin(self.send_cmd((&eval, None), command.resend(), bound, None)).await;
         Reply { resent: resent || reply.resent, sent: true, ..reply }
     }
 
@@ -680,13 +688,13 @@ impl Node {
     /// the caller's connection now.
     async fn send_cmd(
         &self,
-        cmd: &Cmd,
+        cmd: Forms<'_>,
         resend: Resend,
         bound: Bound<'_>,
         first: Option<Handle>,
     ) -> Reply {
         if resend == Resend::Never {
-            return Box::pin(self.send_once(cmd)).await;
+            return Box::pin(self.send_once(cmd.0)).await;
         }
         let first = match first.or_else(|| self.ready()) {
             Some(handle) => handle,
@@ -716,7 +724,10 @@ impl Node {
         let mut connection = self.connection().await;
         if let Ok(handle) = &connection
             && !handle.fresh
-            && !matches!(self.send_on(handle.clone(), &PING, Bound::NONE).await, Sent::Reply(_))
+            && !matches!(
+                self.send_on(handle.clone(), (&PING, None), Bound::NONE).await,
+                Sent::Reply(_)
+            )
         {
             // Found closed (and discarded): a new one.
             connection = self.connection().await;
@@ -725,7 +736,7 @@ impl Node {
             Ok(handle) => handle,
             Err(failure) => return Reply::unconnected(failure),
         };
-        let value = match self.send_on(handle, cmd, Bound::NONE).await {
+        let value = match self.send_on(handle, (cmd, None), Bound::NONE).await {
             Sent::Reply(value) => value,
             Sent::Stale(failure, _) => Err(failure),
         };
@@ -735,7 +746,7 @@ impl Node {
     /// Sends `cmd` on a new connection: a connection opened before this call may have
     /// died since (a node restart, an idle timeout), and one more try spares the caller a
     /// spurious failure.
-    async fn send_anew(&self, cmd: &Cmd, bound: Bound<'_>) -> Reply {
+    async fn send_anew(&self, cmd: Forms<'_>, bound: Bound<'_>) -> Reply {
         match self.connection().await {
             Ok(handle) => match self.send_on(handle, cmd, bound).await {
                 Sent::Reply(value) => Reply::of(value),
@@ -746,9 +757,67 @@ impl Node {
         }
     }
 
-    /// `cmd` on `handle`'s connection; a create or extension within its `bound` (not sent
-    /// past its time to go out, nor once an undo of its hold was issued).
-    async fn send_on(&self, handle: Handle, cmd: &Cmd, bound: Bound<'_>) -> Sent {
+    /// `cmd` on `handle`'s connection, or its native form where the connection's server
+    /// may run it (see [`crate::native`]).
+    async fn send_on(&self, handle: Handle, (cmd, native): Forms<'_>, bound: Bound<'_>) -> Sent {
+        if let Some(native) = native.filter(|native| handle.offers.may(native.feature()))
+            && let Some(sent) = self.send_native(handle.clone(), native, bound).await
+        {
+            return sent;
+        }
+        self.write(handle, Packet::One(cmd), bound).await
+    }
+
+    /// `native` on `handle`'s connection, answering what its script would; `None` when the
+    /// server lacks it (it ran nothing: the script goes next, on the same connection).
+    async fn send_native(&self, handle: Handle, native: &Native, bound: Bound<'_>) -> Option<Sent> {
+        let feature = native.feature();
+        let known = handle.offers.known(feature);
+        // With its notification in one message only once the server is known to run it:
+        // one that lacks it would publish a release that has not happened yet.
+        let (packet, publish_after) = match native.publish() {
+            Some((_, both)) if known => (Packet::Both(both), None),
+            Some((publish, _)) => (Packet::One(native.command()), Some(publish)),
+            None => (Packet::One(native.command()), None),
+        };
+        let (sent, mut published) = match self.write(handle.clone(), packet, bound).await {
+            Sent::Reply(Ok(Value::Array(replies))) if matches!(packet, Packet::Both(_)) => {
+                let mut replies = replies.into_iter().map(value_or_failure);
+                let first = replies.next().unwrap_or(Ok(Value::Nil));
+                (Sent::Reply(first), replies.next())
+            }
+            sent => (sent, None),
+        };
+        let reply = match sent {
+            Sent::Reply(Err(failure)) if native::lacks(&failure) => {
+                handle.offers.note(feature, false);
+                tracing::debug!(
+                    target: "redlock",
+                    node = &*self.name,
+                    ?feature,
+                    ?failure,
+                    "the server lacks a native command: its script serves on this connection"
+                );
+                return None;
+            }
+            Sent::Reply(Ok(reply)) => reply,
+            sent => return Some(sent),
+        };
+        if !known {
+            handle.offers.note(feature, true);
+        }
+        if let Some(publish) = publish_after {
+            published = Some(match self.write(handle, Packet::One(publish), Bound::NONE).await {
+                Sent::Reply(published) => published,
+                Sent::Stale(failure, _) => Err(failure),
+            });
+        }
+        Some(Sent::Reply(Ok(native.as_script(reply, published.as_ref()))))
+    }
+
+    /// `packet` on `handle`'s connection; a create or extension within its `bound` (not
+    /// sent past its time to go out, nor once an undo of its hold was issued).
+    async fn write(&self, handle: Handle, packet: Packet<'_>, bound: Bound<'_>) -> Sent {
         if bound.by.is_some_and(|by| crate::clock::now() > by) {
             let message = "LATE the request was due to go out earlier: not sent";
             return Sent::Reply(Err(Failure::Server {
@@ -757,7 +826,14 @@ impl Node {
             }));
         }
         let mut connection = handle.connection.clone();
-        let send = with_first_poll(connection.send_packed_command(cmd));
+        let send = with_first_poll(async move {
+            match packet {
+                Packet::One(cmd) => connection.send_packed_command(cmd).await,
+                Packet::Both(pipe) => {
+                    connection.send_packed_commands(pipe, 0, pipe.len()).await.map(Value::Array)
+                }
+            }
+        });
         fn answered((sent, _): &(RedisResult<Value>, bool)) -> bool {
             sent.is_ok()
         }
@@ -797,9 +873,10 @@ impl Node {
     /// The caller's connection if it is open: the common case, with nothing to wait for.
     fn ready(&self) -> Option<Handle> {
         match self.lock_lanes().state(self.place()) {
-            Some(State::Ready { generation, connection }) => Some(Handle {
+            Some(State::Ready { generation, connection, offers }) => Some(Handle {
                 generation: *generation,
                 connection: connection.clone(),
+                offers: offers.clone(),
                 fresh: false,
             }),
             _ => None,
@@ -840,10 +917,11 @@ impl Node {
                 return Err(Failure::Unreachable("no connection for this runtime".into()));
             };
             match state {
-                State::Ready { generation, connection } => {
+                State::Ready { generation, connection, offers } => {
                     return Ok(Handle {
                         generation: *generation,
                         connection: connection.clone(),
+                        offers: offers.clone(),
                         fresh: false,
                     });
                 }
@@ -895,7 +973,7 @@ impl Node {
             );
             return Box::pin(self.connection()).await;
         }
-        result.map(|connection| Handle { generation, connection, fresh: true })
+        result.map(|(connection, offers)| Handle { generation, connection, offers, fresh: true })
     }
 
     /// Opens a connection in a task of its own, shared by every caller that waits for it,
@@ -993,7 +1071,7 @@ async fn open(
     quarantine: Duration,
     quarantined_until: &Mutex<Option<Instant>>,
     seen: Seen<'_>,
-) -> Result<MultiplexedConnection, Failure> {
+) -> Result<Opened, Failure> {
     let unreachable = |err: RedisError| {
         if let Some(failure) = denied::certificate(&err).or_else(|| denied::not_redis(&err)) {
             failure
@@ -1051,7 +1129,7 @@ async fn open(
         Err(failure) if quarantine.is_zero() => {
             // Only the server check is skipped: nothing else needs INFO.
             tracing::debug!(target: "redlock", ?failure, "INFO server refused: server not checked");
-            return Ok(connection);
+            return Ok((connection, Arc::default()));
         }
         // Refused by the ACL: what to allow. Any other error reply (`BUSY`, `LOADING`) keeps
         // its own meaning.
@@ -1083,7 +1161,7 @@ async fn open(
         });
         *lock_ignoring_poison(quarantined_until) = quarantine::end(replied_at, uptime, quarantine);
     }
-    Ok(connection)
+    Ok((connection, Arc::new(Offers::for_server(&server))))
 }
 
 /// Where a connecting node records the server it reached.
@@ -1105,6 +1183,25 @@ fn load_scripts() -> redis::Pipeline {
         pipe.add_command(script.load()).ignore();
     }
     pipe
+}
+
+/// A command, and its native form if it has one.
+type Forms<'a> = (&'a Cmd, Option<&'a Native>);
+
+/// What goes out in one message.
+#[derive(Clone, Copy)]
+enum Packet<'a> {
+    One(&'a Cmd),
+    /// A native undo and its release's notification.
+    Both(&'a redis::Pipeline),
+}
+
+/// A reply inside a pipeline's: an error reply as a failure.
+fn value_or_failure(value: Value) -> Result<Value, Failure> {
+    match value {
+        Value::ServerError(err) => Err(Failure::from_redis(&err.into())),
+        value => Ok(value),
+    }
 }
 
 /// What bounds a create or extension: the time it goes out by, and its hold's route on

@@ -18,6 +18,10 @@ pub(crate) struct Version {
 }
 
 impl Version {
+    pub(crate) const fn new(major: u32, minor: u32) -> Self {
+        Self { major, minor, patch: 0 }
+    }
+
     /// Parses `7.2.4` (missing parts are zero; anything after a `-` is ignored).
     fn parse(text: &str) -> Option<Self> {
         let text = text.trim();

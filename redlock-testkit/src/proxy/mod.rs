@@ -152,7 +152,15 @@ impl Proxy {
     /// A request split over two reads is matched only if one of them holds the whole
     /// needle; commands of a few hundred bytes arrive whole on loopback.
     pub fn hold_requests_containing(&self, needle: &[u8], delay: Duration) {
-        *self.shared.hold() = Some(Hold { needle: needle.to_vec(), delay });
+        self.hold_requests_containing_any(&[needle], delay);
+    }
+
+    /// [`hold_requests_containing`](Self::hold_requests_containing) for chunks that
+    /// contain any of `needles` (a script's SHA and the native command that does its work
+    /// on servers that have one).
+    pub fn hold_requests_containing_any<N: AsRef<[u8]>>(&self, needles: &[N], delay: Duration) {
+        let needles = needles.iter().map(|needle| needle.as_ref().to_vec()).collect();
+        *self.shared.hold() = Some(Hold { needles, delay });
     }
 
     /// Ends [`hold_requests_containing`](Self::hold_requests_containing) for chunks read
@@ -251,15 +259,16 @@ struct Shared {
 
 /// See [`Proxy::hold_requests_containing`].
 struct Hold {
-    needle: Vec<u8>,
+    needles: Vec<Vec<u8>>,
     delay: Duration,
 }
 
 impl Hold {
     /// The extra delay of a request chunk.
     fn delay_of(&self, chunk: &[u8]) -> Duration {
-        let found = !self.needle.is_empty()
-            && chunk.windows(self.needle.len()).any(|w| w == self.needle.as_slice());
+        let found = self.needles.iter().any(|needle| {
+            !needle.is_empty() && chunk.windows(needle.len()).any(|w| w == needle.as_slice())
+        });
         if found { self.delay } else { Duration::ZERO }
     }
 }

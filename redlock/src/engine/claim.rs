@@ -41,6 +41,9 @@ pub(crate) struct Claim<P: Protocol> {
     /// How long a key of this claim may live on a node, as far as the requests sent so
     /// far could set it.
     reach: Reach,
+    /// The lease every create and extension sent so far asked for, in milliseconds;
+    /// `None` for good once one asked for another (see [`Args::uniform`]).
+    uniform: Option<u64>,
     fence: Option<u64>,
     armed: bool,
     /// Whether it was granted (not an attempt still in progress).
@@ -132,6 +135,7 @@ impl<P: Protocol> Claim<P> {
             ttl,
             deadline: ttl.deadline(started_at),
             reach: Reach::of(started_at, ttl),
+            uniform: Some(ttl.ms()),
             fence: None,
             armed: true,
             granted: false,
@@ -305,7 +309,10 @@ impl<P: Protocol> Claim<P> {
         }
         let started_at = clock::now();
         self.reach.cover(started_at, ttl);
-        let command = Arc::new(self.proto.command(Op::Extend, &Args::lease(ttl)));
+        // Cleared before the send, whatever it finds: a lease sent may land.
+        self.uniform = self.uniform.filter(|&ms| ms == ttl.ms());
+        let args = Args { uniform: self.uniform.is_some(), ..Args::lease(ttl) };
+        let command = Arc::new(self.proto.command(Op::Extend, &args));
         let requests = self.everywhere(Op::Extend, &command, started_at);
         let (round, rest) =
             round::run(requests, started_at, quorum::settle_hold, &self.core.nodes).await;
@@ -589,7 +596,8 @@ impl<P: Protocol> Claim<P> {
     fn undo_args(&self) -> (Args, Instant) {
         let config = &self.core.config;
         let until = resend_until(self.reach, (config.connect_timeout, config.node_timeout));
-        (Args { ttl: self.ttl, quiet: false }, until)
+        let held = self.granted && !self.lost && self.is_valid();
+        (Args { quiet: false, held, ..Args::lease(self.ttl) }, until)
     }
 
     /// The nodes where the granting round saw no grant: refused there, or not answered by

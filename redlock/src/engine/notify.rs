@@ -1,7 +1,8 @@
 //! Waking waiters when a lock is released, instead of making them poll.
 //!
 //! Every release publishes on the key's release channel on each node where it removed the
-//! last hold (see `lua/release.lua`). A client keeps at most one pub/sub connection per
+//! last hold (see `lua/release.lua`), or, a plain key's release of a hold still valid on a
+//! quorum sent as the server's `DELIFEQ`, on every node it reaches (`crate::native`). A client keeps at most one pub/sub connection per
 //! node, on its own thread (so that it survives whichever runtime a waiter ran on), opened
 //! when the first waiter appears and shared by all of them; a channel is subscribed while
 //! at least one waiter watches it.
@@ -11,7 +12,10 @@
 //! attempt, whose hold is on fewer than a quorum of nodes, wakes no one (the key is still
 //! held on a quorum, or split among waiters a release woke, which try again on their own:
 //! see `wait::split_again`), however many of them land on one node and then another, and
-//! releases of holds on different quorums each count. Of this client's waiters on the key,
+//! releases of holds on different quorums each count. Each node that publishes the release
+//! after its quorum wakes the first waiter again: a node that published without removing
+//! the key (`DELIFEQ`, where another owner's key was) may complete the quorum before a node
+//! that still had it, and the attempt it woke is refused there. Of this client's waiters on the key,
 //! only the first in line is woken: several woken at once would split the nodes' votes
 //! (this client's own releases of an exclusive hold hand on to its next waiter directly:
 //! see `queue`). A waiter for several keys (a multi-resource lock) watches every key's
@@ -75,8 +79,6 @@ struct Channel {
 struct Heard {
     message: Vec<u8>,
     nodes: Vec<bool>,
-    /// Counted as a release already: its stragglers wake no one.
-    counted: bool,
 }
 
 struct Waiter {
@@ -170,7 +172,8 @@ impl Channel {
     }
 
     /// Counts a publication of `message` from node `node`; `true` when it completes a
-    /// release on a quorum: a quorum of nodes published the same message. A node that
+    /// release on a quorum (a quorum of nodes published the same message), or adds a node
+    /// to one (that node may have been the one an attempt woke at the quorum met). A node that
     /// publishes a message again starts a new release of it (a message that names no one
     /// hold: a forced release's, another client version's).
     fn published(&mut self, node: usize, message: &[u8], quorum: usize) -> bool {
@@ -185,7 +188,7 @@ impl Channel {
                     self.heard.pop_front();
                 }
                 let nodes = vec![false; nodes];
-                self.heard.push_back(Heard { message: message.to_vec(), nodes, counted: false });
+                self.heard.push_back(Heard { message: message.to_vec(), nodes });
                 self.heard.len() - 1
             }
         };
@@ -193,13 +196,8 @@ impl Channel {
         if std::mem::replace(&mut heard.nodes[node], true) {
             heard.nodes.iter_mut().for_each(|published| *published = false);
             heard.nodes[node] = true;
-            heard.counted = false;
         }
-        if heard.counted || heard.nodes.iter().filter(|&&published| published).count() < quorum {
-            return false;
-        }
-        heard.counted = true;
-        true
+        heard.nodes.iter().filter(|&&published| published).count() >= quorum
     }
 }
 
@@ -506,8 +504,8 @@ mod tests {
         assert!(!channel.published(0, b"a", 3));
         assert!(!channel.published(3, b"a", 3));
         assert!(channel.published(1, b"a", 3), "the third node completes the release");
-        assert!(!channel.published(2, b"a", 3), "stragglers of the same release");
-        assert!(!channel.published(4, b"a", 3));
+        assert!(channel.published(2, b"a", 3), "each node after the quorum wakes again");
+        assert!(channel.published(4, b"a", 3));
         assert!(!channel.published(0, b"b", 3));
         assert!(!channel.published(1, b"b", 3));
         assert!(channel.published(4, b"b", 3), "the next release, on another quorum");

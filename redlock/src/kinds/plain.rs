@@ -1,13 +1,14 @@
 //! The plain lock: one key per resource, holding the acquisition's random token.
 //!
-//! On each node: acquire is a script that does what `SET key token NX PX ttl` does and says
-//! who holds the key (nil when we set it, our own token when an earlier send of this very
-//! request landed, the holder's token otherwise, and `WRONGTYPE` for a key that is not a
-//! string, which plain `SET NX` would silently report as "held"); release is a
-//! compare-and-delete script; extend a compare-and-`PEXPIRE` that never sets the key again
-//! where it is gone (it would bring back a key a release had just removed).
-//! Every command compares the token first, so each is safe to send twice; a release goes
-//! behind the hold's unanswered requests (see [`crate::route`]).
+//! On each node: acquire is `SET key token NX PX ttl GET`, which says who holds the key (nil
+//! when we set it, our own token when an earlier send of this very request landed, the
+//! holder's token otherwise, and `WRONGTYPE` for a key that is not a string, which `SET NX`
+//! alone would report as "held"); release is a compare-and-delete; extend a
+//! compare-and-renew that never sets the key again where it is gone (it would bring back a
+//! key a release had just removed). Each is the server's own command where it has one, a
+//! script elsewhere (see [`crate::native`]). Every command compares the token first, so
+//! each is safe to send twice; a release goes behind the hold's unanswered creates (see
+//! [`crate::route`]).
 
 use std::sync::Arc;
 
@@ -18,6 +19,7 @@ use crate::engine::protocol::{Args, Identity, failed, script_answer};
 use crate::engine::{Answer, Op, Protocol};
 use crate::error::NodeOutcome;
 use crate::guard::guard;
+use crate::native::Native;
 use crate::node::Reply;
 
 /// Who held the key on which node, as an acquisition's replies named them (no
@@ -78,17 +80,26 @@ impl Protocol for Plain {
     fn command(&self, op: Op, args: &Args) -> Command {
         let (key, token) = (self.key(), self.id.token.as_bytes());
         match op {
-            Op::Acquire | Op::Extend => {
+            Op::Acquire => {
                 let ms = args.ttl.arg();
-                let script =
-                    if op == Op::Acquire { &command::PLAIN_ACQUIRE } else { &command::EXTEND };
                 let argv = [token, ms.as_bytes()];
-                Command::script(script, &[key], &argv, Resend::Safe).creating()
+                Command::script(&command::PLAIN_ACQUIRE, &[key], &argv, Resend::Safe)
+                    .or_native(Native::acquire(key, token, ms.as_bytes()))
+                    .creating()
             }
-            Op::Release | Op::CleanUp => {
-                let args = [Arg::Bytes(token), args.release_channel(key)];
-                Command::script(&command::RELEASE, &[key], &args, Resend::Safe)
+            Op::Extend => {
+                let ms = args.ttl.arg();
+                let argv = [token, ms.as_bytes()];
+                let command = Command::script(&command::EXTEND, &[key], &argv, Resend::Safe);
+                // Native only while every send of the hold asked for this very lease: it
+                // sets the lease, and may so shorten it (see `crate::native`).
+                let command = match args.uniform {
+                    true => command.or_native(Native::renew(key, token, ms.as_bytes())),
+                    false => command,
+                };
+                command.creating()
             }
+            Op::Release | Op::CleanUp => release(key, token, key, args),
             Op::Check => {
                 let mut cmd = redis::cmd("GET");
                 cmd.arg(key);
@@ -118,6 +129,19 @@ impl Protocol for Plain {
             (Op::Acquire | Op::Check, other) => failed(other).into(),
             (Op::Extend | Op::Release | Op::CleanUp, _) => script_answer(reply),
         }
+    }
+}
+
+/// The release of a plain key holding `token`: a compare-and-delete, telling the waiters
+/// on `channel_of`'s channel unless [`Args::quiet`]; native where the server has it, unless
+/// it tells the waiters of a hold not known to be on a quorum (see [`Args::held`]).
+pub(crate) fn release(key: &str, token: &[u8], channel_of: &str, args: &Args) -> Command {
+    let argv = [Arg::Bytes(token), args.release_channel(channel_of)];
+    let command = Command::script(&command::RELEASE, &[key], &argv, Resend::Safe);
+    match (args.quiet, args.held) {
+        (true, _) => command.or_native(Native::release(key, token, None)),
+        (false, true) => command.or_native(Native::release(key, token, Some(channel_of))),
+        (false, false) => command,
     }
 }
 

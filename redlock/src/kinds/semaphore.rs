@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use redis::Value;
 
-use crate::command::{self, Arg, Command, Resend};
+use crate::command::{self, Command, Resend};
 use crate::config::Config;
 use crate::engine::protocol::{Args, Identity, failed, script_answer};
 use crate::engine::{Answer, Op, Protocol};
@@ -152,9 +152,7 @@ impl Protocol for PermitHold {
             // The plain lock's release, published on the count key's channel: a waiter for
             // any slot hears it.
             Op::Release | Op::CleanUp => {
-                let channel = args.release_channel(&self.count_key);
-                let argv = [Arg::Bytes(token), channel];
-                Command::script(&command::RELEASE, &keys[..1], &argv, Resend::Safe)
+                super::plain::release(keys[0], token, &self.count_key, args)
             }
             Op::Check => {
                 let mut cmd = redis::cmd("GET");

@@ -24,15 +24,20 @@ pub fn rules(drop: &[&str], add: &[&'static str]) -> Vec<&'static str> {
 /// 500 ms node timeout, one attempt).
 pub fn cluster_as(name: &str, rules: &[&str]) -> (Cluster, RedlockBuilder) {
     let cluster = cluster(3);
+    let builder = builder_as(&cluster, name, rules);
+    (cluster, builder)
+}
+
+/// [`cluster_as`] on nodes already started.
+pub fn builder_as(cluster: &Cluster, name: &str, rules: &[&str]) -> RedlockBuilder {
     for node in cluster.nodes() {
         node.acl_setuser(name, PASSWORD, rules).unwrap();
     }
     let urls: Vec<String> =
         cluster.nodes().iter().map(|node| node.url_as(name, PASSWORD)).collect();
-    let builder = Redlock::builder()
+    Redlock::builder()
         .nodes(urls)
         .key_prefix("app:")
         .node_timeout(Duration::from_millis(500))
-        .retry(Retry::never());
-    (cluster, builder)
+        .retry(Retry::never())
 }

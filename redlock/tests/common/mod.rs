@@ -343,17 +343,20 @@ pub async fn warm_and_slow(faulty: &FaultyCluster, rl: &Redlock) {
     }
 }
 
-/// How many creates (acquisition attempts and extensions, of the plain and multi locks and
-/// permits) `node` ran so far: each reads the node's clock (`TIME`) once for its deadline.
-/// The count also has one per connection opened and one per re-read of the clock (after
-/// ten seconds of use); hash-based kinds read it in every script.
+/// How many creates `node` ran so far: its `SET`s (a plain or multi lock's acquisition
+/// attempt, native or scripted, a permit's, a native extension's, and the test's own) and
+/// its `TIME` reads (every script of the hash-based kinds reads the clock once).
 pub fn create_calls(node: &redlock_testkit::RedisNode) -> u64 {
     let mut con = node.connection().unwrap();
     let info: String = redis::cmd("INFO").arg("commandstats").query(&mut con).unwrap();
-    info.lines()
-        .find_map(|line| line.strip_prefix("cmdstat_time:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |calls| calls.parse().unwrap())
+    let calls = |command: &str| {
+        let prefix = format!("cmdstat_{command}:calls=");
+        info.lines()
+            .find_map(|line| line.strip_prefix(prefix.as_str()))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |calls| calls.parse::<u64>().unwrap())
+    };
+    calls("set") + calls("time")
 }
 
 /// The rules of one feature's line in the README's "ACL users" section (`locking`,
@@ -432,11 +435,24 @@ pub async fn held_on_five(node_timeout: Duration) -> (FaultyCluster, Redlock, Lo
     (faulty, rl, lock, token)
 }
 
-/// The SHA1 the library sends its plain lock's acquisition script by (`EVALSHA`): what a
-/// proxy can pick acquisitions out by.
-pub fn plain_acquire_sha() -> String {
+/// What a proxy picks the plain lock's acquisitions out by: the SHA1 its script is sent by
+/// (`EVALSHA`), and the native `SET ... NX PX ... GET` of servers that have it.
+pub fn plain_acquisitions() -> [Vec<u8>; 2] {
     let source = concat!(include_str!("../../src/lua/plain_acquire.lua"));
-    redis::Script::new(source).get_hash().to_owned()
+    let sha = redis::Script::new(source).get_hash().as_bytes().to_vec();
+    [sha, b"$2\r\nNX\r\n$2\r\nPX\r\n".to_vec()]
+}
+
+/// What a proxy picks the plain lock's releases (and clean-ups) out by: the script's SHA1,
+/// and the native `DELIFEQ`.
+pub fn plain_releases() -> [Vec<u8>; 2] {
+    [release_sha().into_bytes(), b"DELIFEQ".to_vec()]
+}
+
+/// What a proxy picks the plain lock's extensions out by: the script's SHA1, and the native
+/// `SET ... IFEQ`.
+pub fn plain_extensions() -> [Vec<u8>; 2] {
+    [extend_sha().into_bytes(), b"$4\r\nIFEQ\r\n".to_vec()]
 }
 
 /// The SHA1 of the plain lock's release script (also its clean-up's).

@@ -201,9 +201,9 @@ async fn a_grant_whose_acquisition_began_before_an_earlier_grant_gets_a_larger_t
     };
     let (a, b) =
         (client(0, Duration::from_millis(500)).await, client(1, Duration::from_secs(4)).await);
-    let acquire = common::plain_acquire_sha();
-    faulty.client_proxy(1, 1).hold_requests_containing(acquire.as_bytes(), Duration::from_secs(1));
-    faulty.client_proxy(1, 0).hold_requests_containing(acquire.as_bytes(), Duration::from_secs(5));
+    let acquire = common::plain_acquisitions();
+    faulty.client_proxy(1, 1).hold_requests_containing_any(&acquire, Duration::from_secs(1));
+    faulty.client_proxy(1, 0).hold_requests_containing_any(&acquire, Duration::from_secs(5));
     faulty.client_proxy(0, 1).hold_requests_containing(b"redlock:fence:", Duration::from_secs(3));
 
     let later = tokio::spawn(async move { b.try_lock("res").fenced().await });

@@ -18,6 +18,7 @@ mod interleavings;
 mod lease;
 mod lost_hold;
 mod multi;
+mod native;
 mod operators;
 mod prefixed_kinds;
 mod quarantine;

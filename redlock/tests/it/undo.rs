@@ -268,7 +268,9 @@ async fn an_abandoned_attempt_never_refuses_a_new_attempt_during_its_clean_up_ro
     }
     faulty.proxy(4).set_fault(common::latency(150));
     // The clean-up round waits for node 3 (granted): hold it there for 300 ms.
-    faulty.proxy(3).hold_requests_containing(b"EVALSHA", Duration::from_millis(300));
+    faulty
+        .proxy(3)
+        .hold_requests_containing_any(&common::plain_releases(), Duration::from_millis(300));
     let a1 = tokio::spawn({
         let rl = rl.clone();
         async move { rl.try_lock("k").await.map(|_| ()) }
@@ -513,8 +515,8 @@ async fn a_cancelled_clean_up_and_a_new_attempt_stay_behind_the_unsent_acquisiti
         for i in 0..3 {
             cluster.node(i).set(&key, "foreign").unwrap();
         }
-        let clean_up = common::release_sha();
-        faulty.proxy(3).hold_requests_containing(clean_up.as_bytes(), Duration::from_millis(300));
+        let clean_up = common::plain_releases();
+        faulty.proxy(3).hold_requests_containing_any(&clean_up, Duration::from_millis(300));
         let a2 = tokio::time::timeout(Duration::from_millis(100), rl.try_lock(&key)).await;
         assert!(a2.is_err(), "round {round}: the failed attempt ended before its clean-up: {a2:?}");
         faulty.proxy(3).release_holds();
@@ -729,12 +731,6 @@ async fn long_chain(links: usize) {
 
 // Requests still in flight when a round is decided.
 
-/// The SHA the release script is sent under (`EVALSHA`): what a proxy holds to hold back
-/// releases and nothing else.
-fn release_sha() -> String {
-    common::release_sha()
-}
-
 // An undo whose connection broke is sent again until the keys it removes have expired
 // anyway (README "Guarantees"), also when its time-out comes in the short wait for
 // stragglers after the round was decided (up to 2 ms), not only before the decision.
@@ -754,7 +750,7 @@ async fn an_undo_timing_out_during_the_linger_is_still_sent_again() {
     let timeout = Duration::from_millis(100);
     let rl = common::builder_for(faulty.urls(), timeout).build().unwrap();
     common::warm(&rl).await;
-    let sha = release_sha();
+    let releases = common::plain_releases();
     let offsets_us = [1500u64, 1700, 1600, 1800, 1500, 1700, 1600, 1800];
     let mut left = Vec::new();
     for (trial, offset) in offsets_us.iter().enumerate() {
@@ -772,12 +768,12 @@ async fn an_undo_timing_out_during_the_linger_is_still_sent_again() {
         assert!(lock.check_held().await.unwrap());
         assert!(lock.check_held().await.unwrap());
         faulty.proxy(1).heal();
-        faulty.proxy(0).hold_requests_containing(sha.as_bytes(), Duration::from_secs(10));
+        faulty.proxy(0).hold_requests_containing_any(&releases, Duration::from_secs(10));
         // Node 1's release is held until just before node 0's times out: the round is
         // decided then, and node 0's time-out comes while it waits for the straggler.
         faulty
             .proxy(1)
-            .hold_requests_containing(sha.as_bytes(), timeout - Duration::from_micros(*offset));
+            .hold_requests_containing_any(&releases, timeout - Duration::from_micros(*offset));
         let started = Instant::now();
         // Node 1 held for nearly the node timeout may time out too: the release then
         // fails (`Unavailable`), and its undos on both nodes must still go out.
@@ -933,9 +929,9 @@ async fn reconnected_and_held(
     tokio::time::sleep(Duration::from_millis(100)).await;
     let _ = lock.check_held().await;
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let sha = release_sha();
+    let releases = common::plain_releases();
     for &i in broken {
-        faulty.proxy(i).hold_requests_containing(sha.as_bytes(), Duration::from_secs(10));
+        faulty.proxy(i).hold_requests_containing_any(&releases, Duration::from_secs(10));
     }
     lock
 }

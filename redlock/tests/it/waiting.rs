@@ -60,14 +60,10 @@ async fn a_waiter_is_woken_by_the_release_not_by_its_poll() {
     );
 }
 
-/// How many scripts `node` ran by their digest so far (every acquisition attempt is one).
-fn scripts_run(node: &redlock_testkit::RedisNode) -> u64 {
-    let mut con = node.connection().unwrap();
-    let info: String = redis::cmd("INFO").arg("commandstats").query(&mut con).unwrap();
-    info.lines()
-        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |calls| calls.parse().unwrap())
+/// How many plain-lock acquisition attempts `node` ran so far (each calls `SET` once,
+/// native or scripted).
+fn attempts_run(node: &redlock_testkit::RedisNode) -> u64 {
+    common::create_calls(node)
 }
 
 /// A waiter subscribes after its first refusal; a release that comes before its
@@ -92,7 +88,7 @@ async fn a_release_before_the_waiters_subscription_still_wakes_it() {
         .unwrap();
     waiter.connect().await.unwrap();
     let lock = holder.try_lock("k").await.unwrap();
-    let before: Vec<u64> = cluster.nodes().iter().map(scripts_run).collect();
+    let before: Vec<u64> = cluster.nodes().iter().map(attempts_run).collect();
     // 200 ms each way between the waiter and the nodes; the holder is not slowed.
     for i in 0..faulty.len() {
         faulty.proxy(i).set_fault(common::latency(200));
@@ -106,7 +102,7 @@ async fn a_release_before_the_waiters_subscription_still_wakes_it() {
     // The waiter's first attempt ran on every node (refused): its answer needs 200 ms more
     // to reach it, and its subscription several round trips after that.
     let attempted = || {
-        let now = cluster.nodes().iter().map(scripts_run);
+        let now = cluster.nodes().iter().map(attempts_run);
         now.zip(&before).all(|(now, before)| now > *before)
     };
     assert!(common::eventually(Duration::from_secs(3), attempted).await);
@@ -687,11 +683,11 @@ async fn a_failed_attempts_clean_up_wakes_no_waiter() {
     // up its grant on node 0.
     common::run(&cluster, 2, &["SET", "doc", "another", "PX", "60000"]);
     common::run(&cluster, 0, &["DEL", "doc"]);
-    let before = scripts_run(cluster.node(1));
+    let before = attempts_run(cluster.node(1));
     other.try_lock("doc").await.unwrap_err();
     tokio::time::sleep(Duration::from_secs(1)).await;
-    // Each attempt runs one script on node 1: the other client's, and the waiter's.
-    let attempts = scripts_run(cluster.node(1)) - before - 1;
+    // Each attempt runs one SET on node 1: the other client's, and the waiter's.
+    let attempts = attempts_run(cluster.node(1)) - before - 1;
     assert!(attempts <= 1, "the waiter attempted {attempts} times in a second of its 5 s poll");
     waiting.abort();
 }
@@ -903,8 +899,8 @@ async fn the_clean_up_of_an_attempt_granted_too_late_wakes_another_clients_waite
     common::connect_all(&late).await;
     for i in 0..3 {
         faulty.proxy(i).set_fault(common::latency(500));
-        faulty.proxy(i).hold_requests_containing(
-            common::plain_acquire_sha().as_bytes(),
+        faulty.proxy(i).hold_requests_containing_any(
+            &common::plain_acquisitions(),
             Duration::from_millis(1000),
         );
     }

@@ -1,0 +1,227 @@
+//! The server's own commands in place of scripts (`SET ... NX PX ... GET`, `DELIFEQ`,
+//! `SET ... IFEQ ... PX`): used where the server has them, the script where it does not
+//! (found by its version, or by trying once per connection: an unknown command, a syntax
+//! error or a refused command ran nothing), with the same answers either way; an
+//! extension that sets the lease outright only while every send of the hold asked for
+//! the same lease.
+
+use crate::common;
+use crate::common::acl::{builder_as, cluster_as};
+use redlock::{ErrorKind, Redlock};
+use redlock_testkit::{Cluster, RedisNode};
+use std::time::Duration;
+
+/// What the nodes under test are, from node 0's `INFO server`.
+#[derive(Debug)]
+struct Server {
+    valkey: Option<(u32, u32)>,
+    redis: (u32, u32),
+}
+
+impl Server {
+    fn of(cluster: &Cluster) -> Self {
+        let mut con = cluster.node(0).connection().unwrap();
+        let info: String = redis::cmd("INFO").arg("server").query(&mut con).unwrap();
+        let version = |name: &str| {
+            let text = info.lines().find_map(|line| line.strip_prefix(name))?.trim();
+            let mut parts = text.split('.').map(|part| part.parse::<u32>().unwrap());
+            Some((parts.next()?, parts.next()?))
+        };
+        Self { valkey: version("valkey_version:"), redis: version("redis_version:").unwrap() }
+    }
+
+    fn has_set_get(&self) -> bool {
+        self.valkey.is_some() || self.redis >= (7, 0)
+    }
+
+    fn has_delifeq(&self) -> bool {
+        self.valkey.is_some_and(|version| version >= (9, 0))
+    }
+
+    fn has_set_ifeq(&self) -> bool {
+        self.valkey.is_some_and(|version| version >= (8, 1))
+    }
+}
+
+/// How many times `node` ran `command` (`INFO commandstats`; a script's own calls count).
+fn calls(node: &RedisNode, command: &str) -> u64 {
+    let mut con = node.connection().unwrap();
+    let info: String = redis::cmd("INFO").arg("commandstats").query(&mut con).unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|line| line.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().unwrap())
+}
+
+/// Per node, how many times it ran `commands`.
+fn counts(cluster: &Cluster, commands: &[&str]) -> Vec<Vec<u64>> {
+    cluster.nodes().iter().map(|node| commands.iter().map(|c| calls(node, c)).collect()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_lock_runs_the_servers_own_commands_where_it_has_them() {
+    let cluster = common::cluster(3);
+    let server = Server::of(&cluster);
+    let rl = Redlock::builder()
+        .nodes(cluster.urls())
+        .ttl(Duration::from_secs(10))
+        .connections_per_runtime(false)
+        .build()
+        .unwrap();
+    common::connect_all(&rl).await;
+    let commands = ["set", "evalsha", "eval", "delifeq"];
+    let before = counts(&cluster, &commands);
+    let mut lock = rl.try_lock("native").await.unwrap();
+    lock.extend(Duration::from_secs(10)).await.unwrap();
+    lock.release().await.unwrap();
+    common::gone_everywhere(&cluster, &["native"], "released").await;
+    // The slowest node's release is finished in the background.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let after = counts(&cluster, &commands);
+    // One acquisition, one extension, one release per node: as SET, scripts or natives.
+    let set_get = u64::from(server.has_set_get());
+    let (set_ifeq, delifeq) = (u64::from(server.has_set_ifeq()), u64::from(server.has_delifeq()));
+    let scripts = 3 - set_get - set_ifeq - delifeq;
+    for (i, (after, before)) in after.iter().zip(&before).enumerate() {
+        let ran: Vec<u64> = after.iter().zip(before).map(|(a, b)| a - b).collect();
+        // A scripted acquisition calls SET too.
+        let expected = [1 + set_ifeq, scripts, 0, delifeq];
+        assert_eq!(ran, expected, "node {i} ({server:?}) ran {commands:?}");
+    }
+}
+
+/// A user without `DELIFEQ` on a server that has it (the README's locking line): one
+/// refusal per connection, then the script, with the same answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_refused_the_native_release_falls_back_to_the_script_once_per_connection() {
+    let (cluster, builder) = cluster_as("scripted", &common::readme_acl("locking"));
+    if !Server::of(&cluster).has_delifeq() {
+        return;
+    }
+    let rl = builder.connections_per_runtime(false).build().unwrap();
+    let refused = || -> Vec<i64> {
+        cluster.nodes().iter().map(|node| acl_log_count(node, "delifeq")).collect()
+    };
+    for _ in 0..3 {
+        rl.try_lock("k").await.unwrap().release().await.unwrap();
+    }
+    common::none_match_everywhere(&cluster, "app:*", "released").await;
+    let after_three = refused();
+    assert_eq!(after_three, [1, 1, 1], "one refusal per connection");
+    for _ in 0..3 {
+        rl.try_lock("k").await.unwrap().release().await.unwrap();
+    }
+    assert_eq!(refused(), after_three, "the script from then on");
+    // Another owner's key on one node is left alone by the script, as by DELIFEQ.
+    let lock = rl.try_lock("k").await.unwrap();
+    cluster.node(0).set("app:k", "another-owner").unwrap();
+    lock.release().await.unwrap();
+    assert_eq!(cluster.node(0).get("app:k").unwrap().as_deref(), Some("another-owner"));
+}
+
+/// The README's optional line for the native release lets the user run it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_native_rules_let_a_user_release_with_delifeq() {
+    let cluster = common::cluster(3);
+    if !Server::of(&cluster).has_delifeq() {
+        return;
+    }
+    let rules = common::readme_acls(&["locking", "native"]);
+    let rl = builder_as(&cluster, "native", &rules).build().unwrap();
+    let before = counts(&cluster, &["delifeq"]);
+    rl.try_lock("k").await.unwrap().release().await.unwrap();
+    common::none_match_everywhere(&cluster, "app:*", "released").await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let after = counts(&cluster, &["delifeq"]);
+    assert!(after.iter().zip(&before).all(|(a, b)| a[0] == b[0] + 1), "{before:?} {after:?}");
+    assert!(cluster.nodes().iter().all(|node| acl_log_count(node, "delifeq") == 0));
+}
+
+/// How many refusals of `command` `node`'s `ACL LOG` has (entries that repeat are counted
+/// in one).
+fn acl_log_count(node: &RedisNode, command: &str) -> i64 {
+    let mut con = node.connection().unwrap();
+    let entries: Vec<Vec<redis::Value>> =
+        redis::cmd("ACL").arg("LOG").query(&mut con).unwrap_or_default();
+    entries
+        .iter()
+        .filter_map(|entry| {
+            let field = |name: &str| {
+                let at = entry.iter().position(|v| {
+                    matches!(v, redis::Value::BulkString(b) if b == name.as_bytes())
+                        || matches!(v, redis::Value::SimpleString(s) if s == name)
+                })?;
+                entry.get(at + 1)
+            };
+            let object: String = redis::from_redis_value(field("object")?.clone()).ok()?;
+            let count: i64 = redis::from_redis_value(field("count")?.clone()).ok()?;
+            (object.eq_ignore_ascii_case(command)).then_some(count)
+        })
+        .sum()
+}
+
+/// A user that may not read `INFO` (restart quarantine off): every native command is tried
+/// once per connection, and each the server lacks falls back to its script.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_info_each_native_command_is_tried_and_the_script_serves_where_it_fails() {
+    let (cluster, builder) = cluster_as("no-info", &common::readme_acl("locking"));
+    let rl = builder.ttl(Duration::from_secs(10)).connections_per_runtime(false).build().unwrap();
+    for _ in 0..3 {
+        let mut lock = rl.try_lock("k").await.unwrap();
+        assert!(cluster.nodes_holding("app:k", lock.token()).len() == 3);
+        lock.extend(Duration::from_secs(10)).await.unwrap();
+        assert!((0..3).all(|i| common::pttl(&cluster, i, "app:k") > 9_000));
+        lock.release().await.unwrap();
+        common::none_match_everywhere(&cluster, "app:*", "released").await;
+    }
+    let held = rl.try_lock("k").await.unwrap();
+    let err = rl.try_lock("k").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotAcquired, "{err}");
+    held.release().await.unwrap();
+}
+
+/// A native extension sets the lease outright: after an extension to a longer lease, an
+/// extension back to the lock's own lease must not cut what the longer one set (it is
+/// scripted, never shortening, from then on).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extension_to_the_locks_own_lease_never_cuts_a_longer_one_sent_before() {
+    let cluster = common::cluster(3);
+    let rl = Redlock::builder().nodes(cluster.urls()).ttl(Duration::from_secs(5)).build().unwrap();
+    let mut lock = rl.try_lock("k").await.unwrap();
+    lock.extend(Duration::from_secs(5)).await.unwrap();
+    lock.extend(Duration::from_secs(60)).await.unwrap();
+    for _ in 0..2 {
+        lock.extend(Duration::from_secs(5)).await.unwrap();
+        for i in 0..3 {
+            let pttl = common::pttl(&cluster, i, "k");
+            assert!(pttl > 55_000, "node {i}: {pttl} ms left: the longer lease was cut");
+        }
+    }
+    lock.release().await.unwrap();
+}
+
+/// An extension at the lock's own lease, while every send asked for it, renews the key to
+/// that lease from now (natively where the server has it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extension_at_the_locks_own_lease_renews_it_from_now() {
+    let cluster = common::cluster(3);
+    let rl = Redlock::builder().nodes(cluster.urls()).ttl(Duration::from_secs(3)).build().unwrap();
+    let mut lock = rl.try_lock("k").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    lock.extend(Duration::from_secs(3)).await.unwrap();
+    for i in 0..3 {
+        let pttl = common::pttl(&cluster, i, "k");
+        assert!(pttl > 2_500, "node {i}: {pttl} ms left");
+    }
+    assert!(lock.validity() > Duration::from_millis(2_500));
+    // Gone on a node (a lost key): not renewed there, nor set again.
+    cluster.node(0).command(&["DEL", "k"]).unwrap();
+    lock.extend(Duration::from_secs(3)).await.unwrap();
+    assert!(!cluster.node(0).exists("k").unwrap());
+    // Another owner's key on a node: left alone.
+    cluster.node(1).set("k", "another-owner").unwrap();
+    let err = lock.extend(Duration::from_secs(3)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+    assert_eq!(cluster.node(1).get("k").unwrap().as_deref(), Some("another-owner"));
+}

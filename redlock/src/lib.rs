@@ -79,8 +79,8 @@
 //! attempt that needs its vote at most `connect_timeout + node_timeout`, once per outage.
 //! [`Redlock::connect`] opens every node's connection at once, up front.
 //!
-//! Release and extend compare the token (the server's `DELIFEQ` and `SET ... IFEQ` where it
-//! has them, Lua scripts elsewhere: [`guide::kinds`]), sent to all nodes at once. They
+//! Release and extend compare the token (release as the server's `DELIFEQ` where it has it,
+//! Lua scripts otherwise: [`guide::kinds`]), sent to all nodes at once. They
 //! never delete or extend another owner's key.
 //!
 //! # What is guaranteed, and what is not

@@ -15,8 +15,9 @@
 //! - `SET key token IFEQ token PX ms` (Valkey 8.1, Redis 8.4) answers 1 (renewed) or 0
 //!   (absent or another owner's, again not told apart). It sets the lease to `ms` from now
 //!   even where that is shorter than what the key has left, so the claim sends it only
-//!   while every create and extension of the hold asked for the same lease (then the
-//!   latest to land sets the latest expiry).
+//!   while every create and extension of the hold asked for the same lease; it is switched
+//!   off for now (`plain::NATIVE_RENEW`): one still in flight on one connection can land
+//!   after a later, longer extension on another and cut it.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 

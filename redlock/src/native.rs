@@ -12,12 +12,10 @@
 //!   answers 1 (deleted), 2 (deleted, the notification refused) or 0: absent *or held by
 //!   another owner*, which it cannot tell apart (the release script says -1 for the
 //!   latter; both count as not released);
-//! - `SET key token IFEQ token PX ms` (Valkey 8.1, Redis 8.4) answers 1 (renewed) or 0
-//!   (absent or another owner's, again not told apart). It sets the lease to `ms` from now
-//!   even where that is shorter than what the key has left, so the claim sends it only
-//!   while every create and extension of the hold asked for the same lease; it is switched
-//!   off for now (`plain::NATIVE_RENEW`): one still in flight on one connection can land
-//!   after a later, longer extension on another and cut it.
+//!
+//! Extensions stay scripts: `SET key token IFEQ token PX ms` sets the lease outright, and
+//! one still in flight on one connection can land after a later, longer extension on
+//! another and cut it below the validity the client counts.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -34,19 +32,16 @@ pub(crate) enum Feature {
     SetNxGet,
     /// `DELIFEQ`.
     DelIfEq,
-    /// `SET ... IFEQ ... PX ...`.
-    SetIfEq,
 }
 
 impl Feature {
-    const ALL: [Feature; 3] = [Feature::SetNxGet, Feature::DelIfEq, Feature::SetIfEq];
+    const ALL: [Feature; 2] = [Feature::SetNxGet, Feature::DelIfEq];
 
     /// The two bits of [`Offers`] that say what is known of it.
     fn shift(self) -> u8 {
         match self {
             Feature::SetNxGet => 0,
             Feature::DelIfEq => 2,
-            Feature::SetIfEq => 4,
         }
     }
 
@@ -60,8 +55,6 @@ impl Feature {
         match self {
             Feature::SetNxGet => valkey || at_least(server.redis_version, 7, 0),
             Feature::DelIfEq => valkey && at_least(server.version, 9, 0),
-            Feature::SetIfEq if valkey => at_least(server.version, 8, 1),
-            Feature::SetIfEq => at_least(server.redis_version, 8, 4),
         }
     }
 }
@@ -161,13 +154,6 @@ impl Native {
         Self { feature: Feature::DelIfEq, command, publish }
     }
 
-    /// `SET key token IFEQ token PX ms`.
-    pub(crate) fn renew(key: &str, token: &[u8], ms: &[u8]) -> Self {
-        let mut command = redis::cmd("SET");
-        command.arg(key).arg(token).arg("IFEQ").arg(token).arg("PX").arg(ms);
-        Self { feature: Feature::SetIfEq, command, publish: None }
-    }
-
     pub(crate) fn feature(&self) -> Feature {
         self.feature
     }
@@ -192,8 +178,7 @@ impl Native {
         let refused = matches!(published, Some(Err(_) | Ok(Value::ServerError(_))));
         match (self.feature, reply) {
             (Feature::DelIfEq, Value::Int(1)) => Value::Int(if refused { 2 } else { 1 }),
-            (Feature::DelIfEq, Value::Int(0)) | (Feature::SetIfEq, Value::Nil) => Value::Int(0),
-            (Feature::SetIfEq, Value::Okay) => Value::Int(1),
+            (Feature::DelIfEq, Value::Int(0)) => Value::Int(0),
             (_, other) => other,
         }
     }
@@ -214,15 +199,14 @@ mod tests {
     fn only_what_a_servers_version_rules_out_is_not_tried() {
         let redis_62 = Offers::for_server(&server("redis", "6.2.14", "6.2.14"));
         assert!(!redis_62.may(Feature::SetNxGet));
-        assert!(!redis_62.may(Feature::DelIfEq) && !redis_62.may(Feature::SetIfEq));
+        assert!(!redis_62.may(Feature::DelIfEq));
         let redis_70 = Offers::for_server(&server("redis", "7.0.15", "7.0.15"));
         assert!(redis_70.may(Feature::SetNxGet));
-        assert!(!redis_70.may(Feature::DelIfEq) && !redis_70.may(Feature::SetIfEq));
+        assert!(!redis_70.may(Feature::DelIfEq));
         let redis_84 = Offers::for_server(&server("redis", "8.4.0", "8.4.0"));
-        assert!(redis_84.may(Feature::SetIfEq) && !redis_84.may(Feature::DelIfEq));
+        assert!(redis_84.may(Feature::SetNxGet) && !redis_84.may(Feature::DelIfEq));
         let valkey_8 = Offers::for_server(&server("valkey", "8.1.0", "7.2.4"));
-        assert!(valkey_8.may(Feature::SetNxGet) && valkey_8.may(Feature::SetIfEq));
-        assert!(!valkey_8.may(Feature::DelIfEq));
+        assert!(valkey_8.may(Feature::SetNxGet) && !valkey_8.may(Feature::DelIfEq));
         let valkey_9 = Offers::for_server(&server("valkey", "9.1.2", "7.2.4"));
         assert!(Feature::ALL.iter().all(|&feature| valkey_9.may(feature)));
         // What the version allows goes with its notification from the start.
@@ -242,7 +226,6 @@ mod tests {
         offers.note(Feature::SetNxGet, true);
         assert!(!offers.may(Feature::DelIfEq));
         assert!(offers.may(Feature::SetNxGet) && offers.known(Feature::SetNxGet));
-        assert!(offers.may(Feature::SetIfEq) && !offers.known(Feature::SetIfEq));
     }
 
     fn server_error(message: &str) -> Failure {
@@ -270,9 +253,6 @@ mod tests {
         assert_eq!(read(Value::Int(1), Some(&refused)), Value::Int(2));
         assert_eq!(read(Value::Int(0), Some(&Ok(Value::Int(0)))), Value::Int(0));
         assert_eq!(read(Value::Int(1), None), Value::Int(1));
-        let renew = Native::renew("k", b"t", b"100");
-        assert_eq!(renew.as_script(Value::Okay, None), Value::Int(1));
-        assert_eq!(renew.as_script(Value::Nil, None), Value::Int(0));
         let acquire = Native::acquire("k", b"t", b"100");
         assert_eq!(acquire.as_script(Value::Nil, None), Value::Nil);
         let holder = Value::BulkString(b"other".to_vec());

@@ -838,14 +838,15 @@ impl Node {
             sent.is_ok()
         }
         // Recorded as not fresh: an undo that goes behind it finds the connection used.
-        let recorded = Handle { fresh: false, ..handle.clone() };
+        let recorded = || Handle { fresh: false, ..handle.clone() };
         let queued = match (bound.route, bound.also) {
             (None, _) => Some(send.await),
             (Some(route), _) if !bound.records => route.gate(send).await,
-            (Some(route), None) => route.queue(&recorded, send, answered).await,
+            (Some(route), None) => route.queue(&recorded(), send, answered).await,
             // Not recorded on the wait's route either when its own refuses it.
             (Some(route), Some(_)) if route.is_undone() => None,
             (Some(route), Some(also)) => {
+                let recorded = recorded();
                 let inner = route.queue(&recorded, send, answered);
                 let answered_too = |sent: &Option<_>| sent.as_ref().is_some_and(answered);
                 also.queue(&recorded, inner, answered_too).await.flatten()

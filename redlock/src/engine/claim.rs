@@ -41,9 +41,6 @@ pub(crate) struct Claim<P: Protocol> {
     /// How long a key of this claim may live on a node, as far as the requests sent so
     /// far could set it.
     reach: Reach,
-    /// The lease every create and extension sent so far asked for, in milliseconds;
-    /// `None` for good once one asked for another (see [`Args::uniform`]).
-    uniform: Option<u64>,
     fence: Option<u64>,
     armed: bool,
     /// Whether it was granted (not an attempt still in progress).
@@ -135,7 +132,6 @@ impl<P: Protocol> Claim<P> {
             ttl,
             deadline: ttl.deadline(started_at),
             reach: Reach::of(started_at, ttl),
-            uniform: Some(ttl.ms()),
             fence: None,
             armed: true,
             granted: false,
@@ -309,10 +305,7 @@ impl<P: Protocol> Claim<P> {
         }
         let started_at = clock::now();
         self.reach.cover(started_at, ttl);
-        // Cleared before the send, whatever it finds: a lease sent may land.
-        self.uniform = self.uniform.filter(|&ms| ms == ttl.ms());
-        let args = Args { uniform: self.uniform.is_some(), ..Args::lease(ttl) };
-        let command = Arc::new(self.proto.command(Op::Extend, &args));
+        let command = Arc::new(self.proto.command(Op::Extend, &Args::lease(ttl)));
         let requests = self.everywhere(Op::Extend, &command, started_at);
         let (round, rest) =
             round::run(requests, started_at, quorum::settle_hold, &self.core.nodes).await;

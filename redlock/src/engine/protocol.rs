@@ -66,10 +66,6 @@ pub(crate) struct Args {
     /// of what they heard (and add up, per node, for the kinds whose last release names no
     /// hold).
     pub(crate) quiet: bool,
-    /// For `Extend`: every create and extension of the hold sent so far asked for this
-    /// very lease, so one that sets the lease outright (native: see [`crate::native`])
-    /// cannot shorten what an earlier one set.
-    pub(crate) uniform: bool,
     /// For `Release`: the hold was granted, is not known lost, and is still valid, so it is
     /// on a quorum and a notification may go out without looking whether this node still
     /// had it (the native release publishes either way; the script only where it removed
@@ -81,7 +77,7 @@ pub(crate) struct Args {
 impl Args {
     /// For an operation that needs only the lease.
     pub(crate) fn lease(ttl: Ttl) -> Self {
-        Self { ttl, quiet: false, uniform: false, held: false }
+        Self { ttl, quiet: false, held: false }
     }
 
     /// The channel a `Release` or `CleanUp` of `key` publishes on: none (`''`, which the

@@ -87,20 +87,13 @@ impl Protocol for Plain {
                     .or_native(Native::acquire(key, token, ms.as_bytes()))
                     .creating()
             }
+            // Always the script, never `SET ... IFEQ ... PX`: that sets the lease outright,
+            // and one still in flight on one connection can land after a later, longer
+            // extension on another and cut it below the validity the client counts.
             Op::Extend => {
                 let ms = args.ttl.arg();
                 let argv = [token, ms.as_bytes()];
-                let command = Command::script(&command::EXTEND, &[key], &argv, Resend::Safe);
-                // Native only while every send of the hold asked for this very lease: it
-                // sets the lease, and may so shorten it (see `crate::native`).
-                // Off: a native extension still in flight on one connection can land after a
-                // later, longer scripted one on another and cut it (found in review; the
-                // uniform-lease rule covers only what is sent next, not what is in flight).
-                let command = match args.uniform && NATIVE_RENEW {
-                    true => command.or_native(Native::renew(key, token, ms.as_bytes())),
-                    false => command,
-                };
-                command.creating()
+                Command::script(&command::EXTEND, &[key], &argv, Resend::Safe).creating()
             }
             Op::Release | Op::CleanUp => release(key, token, key, args),
             Op::Check => {
@@ -134,9 +127,6 @@ impl Protocol for Plain {
         }
     }
 }
-
-/// Whether an extension may go out as `SET ... IFEQ ... PX` (see the extension's command).
-const NATIVE_RENEW: bool = false;
 
 /// The release of a plain key holding `token`: a compare-and-delete, telling the waiters
 /// on `channel_of`'s channel unless [`Args::quiet`]; native where the server has it, unless

@@ -347,16 +347,19 @@ pub async fn warm_and_slow(faulty: &FaultyCluster, rl: &Redlock) {
 /// attempt, native or scripted, a permit's, a native extension's, and the test's own) and
 /// its `TIME` reads (every script of the hash-based kinds reads the clock once).
 pub fn create_calls(node: &redlock_testkit::RedisNode) -> u64 {
+    calls(node, "set") + calls(node, "time")
+}
+
+/// How many times `node` ran `command` so far (`INFO commandstats`; the commands a script
+/// calls count too).
+pub fn calls(node: &redlock_testkit::RedisNode, command: &str) -> u64 {
     let mut con = node.connection().unwrap();
     let info: String = redis::cmd("INFO").arg("commandstats").query(&mut con).unwrap();
-    let calls = |command: &str| {
-        let prefix = format!("cmdstat_{command}:calls=");
-        info.lines()
-            .find_map(|line| line.strip_prefix(prefix.as_str()))
-            .and_then(|rest| rest.split(',').next())
-            .map_or(0, |calls| calls.parse::<u64>().unwrap())
-    };
-    calls("set") + calls("time")
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|line| line.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().unwrap())
 }
 
 /// The rules of one feature's line in the README's "ACL users" section (`locking`,

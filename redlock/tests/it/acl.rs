@@ -415,21 +415,7 @@ async fn workload(rl: &Redlock, other: &Redlock, cluster: &Cluster) -> Result<()
 /// How many plain-lock acquisition attempts each node ran so far (each calls `SET` once,
 /// native or scripted).
 fn attempts_run(cluster: &Cluster) -> Vec<u64> {
-    cluster
-        .nodes()
-        .iter()
-        .map(|node| {
-            let mut con = node.connection().unwrap();
-            let info: String = redis::cmd("INFO").arg("commandstats").query(&mut con).unwrap();
-            let calls = |name: &str| {
-                info.lines()
-                    .find_map(|line| line.strip_prefix(&format!("cmdstat_{name}:calls=")))
-                    .and_then(|rest| rest.split(',').next())
-                    .map_or(0, |calls| calls.parse::<u64>().unwrap())
-            };
-            calls("set")
-        })
-        .collect()
+    cluster.nodes().iter().map(|node| common::calls(node, "set")).collect()
 }
 
 /// The ids of the pub/sub connections on each node.

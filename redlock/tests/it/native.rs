@@ -1,9 +1,8 @@
-//! The server's own commands in place of scripts (`SET ... NX PX ... GET`, `DELIFEQ`,
-//! `SET ... IFEQ ... PX`): used where the server has them, the script where it does not
-//! (found by its version, or by trying once per connection: an unknown command, a syntax
-//! error or a refused command ran nothing), with the same answers either way; an
-//! extension that sets the lease outright only while every send of the hold asked for
-//! the same lease.
+//! The server's own commands in place of scripts (`SET ... NX PX ... GET`, `DELIFEQ`):
+//! used where the server has them, the script where it does not (found by its version, or
+//! by trying once per connection: an unknown command, a syntax error or a refused command
+//! ran nothing), with the same answers either way; extensions stay scripted, and never
+//! shorten a lease.
 
 use crate::common;
 use crate::common::acl::{builder_as, cluster_as};
@@ -39,20 +38,13 @@ impl Server {
     }
 }
 
-/// How many times `node` ran `command` (`INFO commandstats`; a script's own calls count).
-fn calls(node: &RedisNode, command: &str) -> u64 {
-    let mut con = node.connection().unwrap();
-    let info: String = redis::cmd("INFO").arg("commandstats").query(&mut con).unwrap();
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines()
-        .find_map(|line| line.strip_prefix(prefix.as_str()))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |calls| calls.parse().unwrap())
-}
-
 /// Per node, how many times it ran `commands`.
 fn counts(cluster: &Cluster, commands: &[&str]) -> Vec<Vec<u64>> {
-    cluster.nodes().iter().map(|node| commands.iter().map(|c| calls(node, c)).collect()).collect()
+    cluster
+        .nodes()
+        .iter()
+        .map(|node| commands.iter().map(|c| common::calls(node, c)).collect())
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -178,14 +170,11 @@ async fn without_info_each_native_command_is_tried_and_the_script_serves_where_i
     held.release().await.unwrap();
 }
 
-/// A native extension sets the lease outright: after an extension to a longer lease, an
-/// extension back to the lock's own lease must not cut what the longer one set (it is
-/// scripted, never shortening, from then on).
+/// After an extension to a longer lease, an extension back to the lock's own lease must not
+/// cut what the longer one set (a native `SET ... IFEQ ... PX` would).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_extension_to_the_locks_own_lease_never_cuts_a_longer_one_sent_before() {
-    let cluster = common::cluster(3);
-    let rl = Redlock::builder().nodes(cluster.urls()).ttl(Duration::from_secs(5)).build().unwrap();
-    let mut lock = rl.try_lock("k").await.unwrap();
+    let (cluster, mut lock) = locked_for(Duration::from_secs(5)).await;
     lock.extend(Duration::from_secs(5)).await.unwrap();
     lock.extend(Duration::from_secs(60)).await.unwrap();
     for _ in 0..2 {
@@ -198,13 +187,11 @@ async fn an_extension_to_the_locks_own_lease_never_cuts_a_longer_one_sent_before
     lock.release().await.unwrap();
 }
 
-/// An extension at the lock's own lease, while every send asked for it, renews the key to
-/// that lease from now (natively where the server has it).
+/// An extension at the lock's own lease renews the key to that lease from now, never sets
+/// a gone key again, and leaves another owner's key alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_extension_at_the_locks_own_lease_renews_it_from_now() {
-    let cluster = common::cluster(3);
-    let rl = Redlock::builder().nodes(cluster.urls()).ttl(Duration::from_secs(3)).build().unwrap();
-    let mut lock = rl.try_lock("k").await.unwrap();
+    let (cluster, mut lock) = locked_for(Duration::from_secs(3)).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     lock.extend(Duration::from_secs(3)).await.unwrap();
     for i in 0..3 {
@@ -221,4 +208,12 @@ async fn an_extension_at_the_locks_own_lease_renews_it_from_now() {
     let err = lock.extend(Duration::from_secs(3)).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
     assert_eq!(cluster.node(1).get("k").unwrap().as_deref(), Some("another-owner"));
+}
+
+/// Three nodes and a plain lock of `k` taken on them with a lease of `ttl`.
+async fn locked_for(ttl: Duration) -> (Cluster, redlock::Lock) {
+    let cluster = common::cluster(3);
+    let rl = Redlock::builder().nodes(cluster.urls()).ttl(ttl).build().unwrap();
+    let lock = rl.try_lock("k").await.unwrap();
+    (cluster, lock)
 }

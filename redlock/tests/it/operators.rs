@@ -7,7 +7,7 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use redlock::{ErrorKind, Redlock, Retry};
-use redlock_testkit::{FaultyCluster, Fuzz, NetFault, RedisNode};
+use redlock_testkit::{FaultyCluster, Fuzz, NetFault};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inspect_shows_each_nodes_holder_and_lease_and_the_quorums_holder() {
@@ -264,19 +264,8 @@ async fn a_forced_release_removes_every_hold_of_hash_kinds_even_an_owner_id_with
 
 // Forced releases run once, under resets, lost replies, script flushes and hung nodes.
 
-/// How many times `node` ran `cmd` so far (`INFO commandstats`; a script's `DEL` counts).
-fn calls(node: &RedisNode, cmd: &str) -> u64 {
-    let mut con = node.connection().unwrap();
-    let info: String = redis::cmd("INFO").arg("commandstats").query(&mut con).unwrap();
-    let prefix = format!("cmdstat_{cmd}:calls=");
-    info.lines()
-        .find_map(|line| line.strip_prefix(prefix.as_str()))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |calls| calls.parse().unwrap())
-}
-
 fn dels(faulty: &FaultyCluster) -> Vec<u64> {
-    faulty.cluster().nodes().iter().map(|node| calls(node, "del")).collect()
+    faulty.cluster().nodes().iter().map(|node| common::calls(node, "del")).collect()
 }
 
 /// Sequential forced releases through proxies that drop replies and reset requests at
@@ -341,9 +330,9 @@ async fn an_acl_user_without_ping_force_releases_over_warm_connections() {
     assert_eq!(admin.force_release("warm").await.unwrap(), 3);
     let lock = holder.try_lock("job").await.unwrap();
     assert!(common::eventually(Duration::from_secs(1), || cluster.count_key("app:job") == 3).await);
-    let before: Vec<u64> = cluster.nodes().iter().map(|n| calls(n, "del")).collect();
+    let before: Vec<u64> = cluster.nodes().iter().map(|n| common::calls(n, "del")).collect();
     assert_eq!(admin.force_release("job").await.unwrap(), 3, "warm connections, PING refused");
-    let after: Vec<u64> = cluster.nodes().iter().map(|n| calls(n, "del")).collect();
+    let after: Vec<u64> = cluster.nodes().iter().map(|n| common::calls(n, "del")).collect();
     assert_eq!(cluster.count_key("app:job"), 0);
     for node in 0..3 {
         assert_eq!(after[node] - before[node], 1, "node {node}");

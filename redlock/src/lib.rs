@@ -204,6 +204,8 @@
 #![warn(clippy::future_not_send)]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+// Only for this workspace's benchmarks: not in the API of any build without the feature.
+#[cfg(feature = "bench-internals")]
 #[doc(hidden)]
 pub mod bench_internals;
 mod builder;

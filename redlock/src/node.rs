@@ -1226,19 +1226,24 @@ enum Sent {
     Reply(Result<Value, Failure>),
     /// The connection, cached from an earlier call, was already dead (or died with the
     /// command): it may or may not have run, unless it was refused at once, before
-    /// anything was written (`written` false: its first poll found the connection closed).
+    /// anything was written (`written` false: see [`with_first_poll`]).
     Stale(Failure, bool),
 }
 
-/// `send` and whether it ended at its first poll: a send refused then (its connection
-/// closed) wrote nothing. Only a connection's driver failing between queueing it and that
-/// same poll's end, on another thread, would slip by.
+/// `send` and whether it was refused unwritten: it ended at its first poll, and sooner
+/// than anything written could have failed ([`timing::UNWRITTEN_WITHIN`]). A send refused
+/// that fast found its connection closed before it; one that took longer may have been
+/// written, run and failed with the connection while the caller's thread was preempted
+/// in that poll (the driver runs on another), and counts as maybe written.
 async fn with_first_poll<F: Future>(send: F) -> (F::Output, bool) {
     let mut send = std::pin::pin!(send);
     let mut first = true;
     std::future::poll_fn(|cx| {
-        let at_once = std::mem::replace(&mut first, false);
-        send.as_mut().poll(cx).map(|output| (output, at_once))
+        if !std::mem::replace(&mut first, false) {
+            return send.as_mut().poll(cx).map(|output| (output, false));
+        }
+        let began = std::time::Instant::now();
+        send.as_mut().poll(cx).map(|output| (output, began.elapsed() < timing::UNWRITTEN_WITHIN))
     })
     .await
 }
@@ -1372,5 +1377,32 @@ mod tests {
         assert!(matches!(node.connect_first().await, Err(Failure::Refused(_))));
         // From then on the request's own node timeout bounds its connect.
         assert!(node.connect_first().await.is_ok(), "not waited for");
+    }
+
+    #[tokio::test]
+    async fn only_a_send_refused_within_a_few_microseconds_of_its_first_poll_counts_unwritten() {
+        // (Tried a few times: a preemption of this very poll would count it maybe written.)
+        let mut unwritten = false;
+        for _ in 0..100 {
+            unwritten |= with_first_poll(std::future::ready(())).await.1;
+        }
+        assert!(unwritten, "refused at once: its connection was closed before it");
+        // Ready in its first poll, but that poll took a round trip's time: it may have been
+        // written, run and failed while the caller's thread was preempted.
+        let slow = std::future::poll_fn(|_| {
+            std::thread::sleep(timing::UNWRITTEN_WITHIN * 5);
+            std::task::Poll::Ready(())
+        });
+        assert!(!with_first_poll(slow).await.1);
+        let mut polls = 0;
+        let later = std::future::poll_fn(|cx| {
+            polls += 1;
+            if polls == 1 {
+                cx.waker().wake_by_ref();
+                return std::task::Poll::Pending;
+            }
+            std::task::Poll::Ready(())
+        });
+        assert!(!with_first_poll(later).await.1, "failed after a later poll");
     }
 }

@@ -87,6 +87,13 @@ pub(crate) const LATE_FOR: Duration = Duration::from_secs(1);
 /// Requests one connection may have queued and not yet written (redis-rs defaults to 50).
 pub(crate) const PIPELINE_BUFFER: usize = 4096;
 
+/// How soon a send must be refused, within its first poll, to count as never written: a
+/// connection whose driver had already stopped refuses it in a few microseconds, while a
+/// request written, run and then failed with its connection takes a round trip to the
+/// node and back, and a wake-up of the driver's thread (a caller's thread preempted
+/// between queueing the request and waiting for its reply can see both in one poll).
+pub(crate) const UNWRITTEN_WITHIN: Duration = Duration::from_micros(20);
+
 /// The latest a create goes out after its round starts: a connect timeout, then a node
 /// timeout (`NodeCall::send` refuses to send it later; the re-sends of its undos count on
 /// it).

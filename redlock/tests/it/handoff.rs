@@ -741,12 +741,10 @@ async fn release_behind_lost_replies(
 /// waiter's key ("held by another owner"); `release()` must still say `Ok` for a hold
 /// that was valid and released, in every one of five rounds.
 ///
-/// One false alarm is a known limit, not this bug: a caller's thread preempted between
-/// queueing the release and polling for its reply (one poll) while the driver's thread
-/// writes it, sees the connection drop and fails it, takes it for refused unsent; the
-/// release is then sent again as a first send, finds the key absent everywhere and says
-/// `NotHeld` (on the safe side). Seen once on a loaded CI machine. The waiter's key is never
-/// among the answers then, as it was with the bug.
+/// Under load the caller's thread can be preempted between queueing the release and
+/// polling for its reply while the driver's thread writes it and sees the connection drop:
+/// that first poll then ends with the failure, and must not count as "refused unsent" (the
+/// re-send would be taken as a first send, find the waiter's key and say `NotHeld`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_re_sent_after_a_lost_reply_still_says_ok() {
     let faulty = Arc::new(FaultyCluster::start(3).unwrap());

@@ -312,7 +312,8 @@ impl Redlock {
     /// [`ErrorKind::NotHeld`](crate::ErrorKind::NotHeld), and the output is dropped since
     /// it was produced without the lock's protection. A release that then reaches too few
     /// nodes is logged, not returned (the keys expire with their lease); a release that
-    /// finds the lock gone from too many nodes is returned.
+    /// finds the lock gone from too many nodes is returned, unless the lease ran out while
+    /// the release was on its way (the keys expired after the work ended: logged).
     pub fn with_lock<'a, R, F, Fut, T>(
         &'a self,
         request: R,

@@ -189,3 +189,67 @@ async fn a_lease_lost_to_failed_extensions_names_each_nodes_cause() {
     assert!(text.contains(&format!("[{paused}: timed out]")), "{text}");
     drop(auto);
 }
+
+/// Work that ends well within the lease, then a release slowed in the network past the
+/// keys' expiry (no other client): `with_lock` returns the work's output, since the lock
+/// was held to the end of the work; a bare `release()` in the same case says `NotHeld`
+/// (its first send found the keys gone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_lock_whose_release_arrives_after_the_lease_ran_out_returns_the_output() {
+    let faulty = std::sync::Arc::new(redlock_testkit::FaultyCluster::start(3).unwrap());
+    let rl = common::builder_for(faulty.urls(), Duration::from_millis(1500))
+        .ttl(Duration::from_millis(400))
+        .build()
+        .unwrap();
+    common::warm(&rl).await;
+    let slow_links = || {
+        for i in 0..3 {
+            faulty.proxy(i).set_fault(redlock_testkit::NetFault::Latency {
+                fixed: Duration::from_millis(450),
+                jitter: Duration::ZERO,
+            });
+        }
+    };
+    let result = rl
+        .with_lock(rl.try_lock("slow-release"), |lease| async move {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            slow_links();
+            lease.is_valid()
+        })
+        .await;
+    assert!(result.as_ref().is_ok_and(|&valid| valid), "{result:?}");
+    for i in 0..3 {
+        faulty.proxy(i).heal();
+    }
+    let lock = rl.try_lock("slow-release").await.unwrap();
+    slow_links();
+    let err = lock.release().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+    for i in 0..3 {
+        faulty.proxy(i).heal();
+    }
+    assert!(
+        common::eventually(Duration::from_secs(1), || faulty.cluster().count_key("slow-release")
+            == 0)
+        .await
+    );
+}
+
+/// Keys taken by another owner during the work, found by the release while the lease is
+/// still running: the lock was not held to the end, and `with_lock` says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_lock_whose_release_finds_another_owner_within_the_lease_returns_the_loss() {
+    let cluster = common::cluster(3);
+    let rl = client(&cluster);
+    let result = rl
+        .with_lock("taken", |_lease| {
+            for node in cluster.nodes() {
+                node.set("taken", "foreign").unwrap();
+            }
+            async { "done without the lock" }
+        })
+        .await;
+    let err = result.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+    assert_eq!(cluster.nodes_holding("taken", "foreign"), vec![0, 1, 2]);
+}

@@ -179,11 +179,17 @@ async fn an_extension_to_the_locks_own_lease_never_cuts_a_longer_one_sent_before
     let (cluster, mut lock) = locked_for(Duration::from_secs(5)).await;
     lock.extend(Duration::from_secs(5)).await.unwrap();
     lock.extend(Duration::from_secs(60)).await.unwrap();
+    // The extension answers at its quorum: a straggler not yet written when the round was
+    // decided may never reach its node, which keeps the shorter lease (the validity counts
+    // only the quorum). What must not happen is a node's longer lease being cut.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let longer: Vec<usize> = (0..3).filter(|&i| common::pttl(&cluster, i, "k") > 55_000).collect();
+    assert!(longer.len() >= 2, "the longer lease is on a quorum: {longer:?}");
     for _ in 0..2 {
         lock.extend(Duration::from_secs(5)).await.unwrap();
-        for i in 0..3 {
+        for &i in &longer {
             let pttl = common::pttl(&cluster, i, "k");
-            assert!(pttl > 55_000, "node {i}: {pttl} ms left: the longer lease was cut");
+            assert!(pttl > 54_000, "node {i}: {pttl} ms left: the longer lease was cut");
         }
     }
     lock.release().await.unwrap();

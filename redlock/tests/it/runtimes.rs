@@ -740,20 +740,34 @@ async fn shutdown_keeps_its_deadline_while_unordered_releases_are_resent() {
 // (`guide::order`: a release sent again cannot tell its own removal from a forced one).
 #[test]
 fn a_release_queued_before_the_driver_saw_the_nodes_close_counts_as_done() {
-    release_after_a_kill_and_a_takeover_meanwhile(false);
+    let released = release_after_a_kill_and_a_takeover_meanwhile(false);
+    assert_eq!(released, Ok(()), "release() queued on connections about to drop");
 }
 
 // The same, but the task awaits 100 ms before the release: the drivers run, see the EOF
 // and end; the first try is refused before anything is written, so the next one is exact
-// and the release says NotHeld.
+// and the release says NotHeld. Refused at once is told by the time the refusal took
+// (`timing::UNWRITTEN_WITHIN`): a caller's thread preempted in that very poll counts it
+// maybe written and says Ok, so the staging gets three tries.
 #[test]
 fn a_release_after_the_drivers_saw_the_kill_reports_not_held() {
-    release_after_a_kill_and_a_takeover_meanwhile(true);
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        let released = release_after_a_kill_and_a_takeover_meanwhile(true);
+        if released == Err(redlock::ErrorKind::NotHeld) {
+            return;
+        }
+        answers.push(released);
+    }
+    panic!("release() of a lock another client held meanwhile, three times: {answers:?}");
 }
 
 /// [`a_release_queued_before_the_driver_saw_the_nodes_close_counts_as_done`]'s
-/// staging; `yield_first`: the task awaits (lets the drivers run) before the release.
-fn release_after_a_kill_and_a_takeover_meanwhile(yield_first: bool) {
+/// staging, and what the release answered; `yield_first`: the task awaits (lets the
+/// drivers run) before the release.
+fn release_after_a_kill_and_a_takeover_meanwhile(
+    yield_first: bool,
+) -> Result<(), redlock::ErrorKind> {
     let cluster = common::cluster(3);
     let rl = common::client(&cluster);
     let runtime = multi_thread(1);
@@ -788,11 +802,9 @@ fn release_after_a_kill_and_a_takeover_meanwhile(yield_first: bool) {
         assert!(lock.is_valid(), "staging: the lease ran out");
         lock.release().await.map_err(|err| err.kind())
     });
-    let released = runtime.block_on(task).unwrap();
     // Queued before its driver saw the close, the first send may have been written: sent
     // again, it counts as done (`guide::order`). Refused at once, it was not: exact.
-    let expected = if yield_first { Err(redlock::ErrorKind::NotHeld) } else { Ok(()) };
-    assert_eq!(released, expected, "release() of a lock another client held meanwhile");
+    runtime.block_on(task).unwrap()
 }
 
 // Lease 2 s. Node 2's proxy holds E1 (an extension from runtime B, on B's connection) for

@@ -91,7 +91,7 @@ pin_project! {
     /// A request that leaves its answer with its round, then drops in place.
     ///
     /// It never completes: the round counts answers, not finished requests, and a
-    /// `JoinAll` whose elements complete moves each of them (a request is about 1.7 KB)
+    /// `JoinAll` whose elements complete moves each of them (a request is about 3 KB)
     /// out of its box at the end.
     #[project = AnsweringProj]
     #[project_replace = AnsweringDone]

@@ -63,7 +63,7 @@ pub(crate) async fn check(options: &Options) -> u8 {
     }
     for node in &nodes {
         println!(
-            "{}: {} {}, {}, up {}, appendonly {}, appendfsync {}, maxmemory-policy {}",
+            "{}: {} {}, {}, up {}, appendonly {}, appendfsync {}, maxmemory-policy {}, {}",
             node.url,
             if node.valkey { "valkey" } else { "redis" },
             node.version.as_deref().unwrap_or("?"),
@@ -74,6 +74,7 @@ pub(crate) async fn check(options: &Options) -> u8 {
             setting(node, "appendonly"),
             setting(node, "appendfsync"),
             setting(node, "maxmemory-policy"),
+            scripting(node),
         );
         findings.extend(judge(node));
     }
@@ -90,6 +91,16 @@ pub(crate) async fn check(options: &Options) -> u8 {
     } else {
         println!("{} node(s) fit the Redlock model", nodes.len());
         0
+    }
+}
+
+/// What the plain lock needs Lua for on `node`: with `DELIFEQ` (Valkey 9), only its
+/// extensions; elsewhere its releases too (and on Redis 6.2 its acquisitions).
+fn scripting(node: &Node) -> &'static str {
+    match node.version.as_deref().and_then(major_minor) {
+        Some(version) if node.valkey && version >= (9, 0) => "plain lock: scripts only to extend",
+        Some(_) => "plain lock: needs scripts",
+        None => "plain lock: ?",
     }
 }
 

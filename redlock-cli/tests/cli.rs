@@ -385,6 +385,27 @@ fn check_passes_persistent_independent_masters() {
 }
 
 #[test]
+fn check_says_per_node_whether_the_plain_lock_needs_scripts() {
+    let cluster = Cluster::start(2).unwrap();
+    let (code, shown) = check(&cluster.urls());
+    assert_eq!(code, Some(0), "{shown}");
+    let mut con = cluster.node(0).connection().unwrap();
+    let info: String = redis::cmd("INFO").arg("server").query(&mut con).unwrap();
+    let valkey_9 =
+        info.lines().find_map(|line| line.strip_prefix("valkey_version:")).is_some_and(|version| {
+            version.split('.').next().unwrap().trim().parse::<u32>().unwrap() >= 9
+        });
+    let expected = match valkey_9 {
+        true => "plain lock: scripts only to extend",
+        false => "plain lock: needs scripts",
+    };
+    for url in cluster.urls() {
+        let line = shown.lines().find(|line| line.starts_with(&url)).unwrap_or_default();
+        assert!(line.ends_with(expected), "{shown}");
+    }
+}
+
+#[test]
 fn check_flags_everysec_lru_a_duplicate_url_and_a_replica() {
     use redlock_testkit::{NodeConfig, RedisNode};
     let everysec = RedisNode::start_with(

@@ -315,6 +315,24 @@ pub(crate) fn explain_refusal(message: &str) -> Option<String> {
     })
 }
 
+/// A refusal of a scripting command itself (`EVALSHA`, `EVAL`, `SCRIPT LOAD`), said with what
+/// runs scripts and the rules to add: a user without scripting (`-@scripting`) reaches no
+/// quorum for any request that needs one, and "too few nodes" alone would send an operator
+/// to the network. `None` for any other message.
+pub(crate) fn explain_scripting_refusal(message: &str) -> Option<String> {
+    let refused = ["'evalsha'", "'eval'", "'script|load'", "'script'"];
+    let lower = message.to_ascii_lowercase();
+    if !lower.starts_with("noperm") || !refused.iter().any(|command| lower.contains(command)) {
+        return None;
+    }
+    Some(format!(
+        "{message} (this request runs a Lua script: allow `+evalsha +eval +script|load`, as the \
+         README's `locking` ACL line does; without scripting, only the plain lock's \
+         acquisition, release and check_held work, on a server with native compare-and-delete \
+         such as Valkey 9)"
+    ))
+}
+
 /// The commands a line of Lua calls, lower case: `redis.call('DEL', ...)` is `del`.
 fn called_on(line: &str) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
@@ -386,6 +404,16 @@ mod tests {
         assert!(explained.starts_with("NOPERM"), "{explained}");
         assert!(explained.contains("'hset' command") && explained.contains("`+hset`"));
         assert_eq!(explain_refusal("NOPERM already says it"), None);
+    }
+
+    #[test]
+    fn a_refused_scripting_command_names_the_rules_to_add() {
+        let evalsha = "NOPERM User u has no permissions to run the 'evalsha' command";
+        let explained = explain_scripting_refusal(evalsha).unwrap();
+        assert!(explained.starts_with(evalsha), "{explained}");
+        assert!(explained.contains("`+evalsha +eval +script|load`"), "{explained}");
+        let set = "NOPERM User u has no permissions to run the 'set' command";
+        assert_eq!(explain_scripting_refusal(set), None);
     }
 
     #[test]

@@ -81,7 +81,10 @@ impl Failure {
                 let message = format!("{code} {}", err.detail().unwrap_or_default());
                 match command::explain_refusal(&message) {
                     Some(explained) => Self::Denied(explained.into()),
-                    None if code == "NOPERM" => Self::Denied(message.into()),
+                    None if code == "NOPERM" => Self::Denied(
+                        command::explain_scripting_refusal(&message)
+                            .map_or_else(|| message.into(), Into::into),
+                    ),
                     None if code == "NOAUTH" => Self::Denied(denied::NOAUTH.into()),
                     None => Self::Server { code: code.into(), message: message.into() },
                 }

@@ -225,3 +225,48 @@ async fn locked_for(ttl: Duration) -> (Cluster, redlock::Lock) {
     let lock = rl.try_lock("k").await.unwrap();
     (cluster, lock)
 }
+
+/// The rules of a user that may run anything but scripts.
+const WITHOUT_SCRIPTING: [&str; 4] = ["+@all", "-@scripting", "~app:*", "&*"];
+
+/// On a server with native compare-and-delete (Valkey 9), a user without scripting takes,
+/// checks, waits for and releases a plain lock, and runs short work under `with_lock`, with
+/// no script at all; what needs one (an extension, the other kinds) is refused as `Denied`,
+/// naming the rules to add. Elsewhere the release is a script: refused the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_scripting_runs_the_plain_lock_where_the_server_has_native_commands() {
+    let (cluster, builder) = cluster_as("unscripted", &WITHOUT_SCRIPTING);
+    let server = Server::of(&cluster);
+    let rl = builder.ttl(Duration::from_secs(5)).build().unwrap();
+    let is_told_the_rules = |err: &redlock::Error| {
+        err.kind() == ErrorKind::Denied && err.to_string().contains("`+evalsha +eval +script|load`")
+    };
+    if !server.has_delifeq() {
+        let err = match rl.try_lock("k").await {
+            Ok(lock) => lock.release().await.unwrap_err(),
+            Err(err) => err,
+        };
+        assert!(is_told_the_rules(&err), "{err}");
+        return;
+    }
+    let mut lock = rl.try_lock("k").await.unwrap();
+    assert!(lock.check_held().await.unwrap());
+    let err = lock.extend(Duration::from_secs(5)).await.unwrap_err();
+    assert!(is_told_the_rules(&err), "{err}");
+    // Waiting for a lock another client of the same user releases.
+    let waiter = builder_as(&cluster, "unscripted", &WITHOUT_SCRIPTING)
+        .retry(redlock::Retry::new().with_max_wait(Duration::from_secs(5)))
+        .build()
+        .unwrap();
+    let waiting = tokio::spawn(async move { waiter.lock("k").await.map(|lock| (waiter, lock)) });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    lock.release().await.unwrap();
+    let (waiter, next) = waiting.await.unwrap().unwrap();
+    next.release().await.unwrap();
+    assert_eq!(rl.with_lock("w", |_| async { 7 }).await.unwrap(), 7);
+    let err = rl.reentrant("r", "me").once().await.unwrap_err();
+    assert!(is_told_the_rules(&err), "{err}");
+    common::none_match_everywhere(&cluster, "app:*", "released").await;
+    assert_eq!(counts(&cluster, &["eval", "evalsha"]), vec![vec![0, 0]; 3], "no script ran");
+    drop(waiter);
+}

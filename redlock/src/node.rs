@@ -450,6 +450,9 @@ pub(crate) struct Node {
     quarantined_until: Arc<Mutex<Option<Instant>>>,
     /// Whether a refused release notification was already reported.
     notify_refused: AtomicBool,
+    /// Whether the node refused this user `SCRIPT LOAD` (`NOPERM`: a user without
+    /// scripting): its later connections do not ask again.
+    scripts_refused: Arc<AtomicBool>,
     /// Until when the node counts as late, in nanoseconds from `epoch` (0: not late): its
     /// last answer timed out, or came only after a wait for a round's stragglers that
     /// counted on it (see `round::run`). A slow or hung node is not waited for again until
@@ -492,6 +495,7 @@ impl Node {
             quarantine,
             quarantined_until: Arc::default(),
             notify_refused: AtomicBool::new(false),
+            scripts_refused: Arc::default(),
             late_until: AtomicU64::new(0),
             hung_until: AtomicU64::new(0),
             epoch: crate::clock::now(),
@@ -993,9 +997,10 @@ impl Node {
         let timeout = self.connect_timeout;
         let (quarantine, quarantined_until) = (self.quarantine, self.quarantined_until.clone());
         let (servers, name) = (self.servers.clone(), self.name.clone());
+        let scripts_refused = self.scripts_refused.clone();
         let connections = self.connections.clone();
         let task = self.spawn_in(place, async move {
-            let seen = Seen { servers: &servers, name: &name };
+            let seen = Seen { servers: &servers, name: &name, scripts_refused: &scripts_refused };
             let open = open(&client, timeout, quarantine, &quarantined_until, seen);
             let result = match tokio::time::timeout(timeout, open).await {
                 Ok(result) => result,
@@ -1107,18 +1112,24 @@ async fn open(
         }
         Err(err) => return Err(unreachable(err)),
     };
-    // Before any command of ours: see the command module for why this is safety.
-    if let Err(err) = load_scripts().query_async::<()>(&mut connection).await {
+    // Before any command of ours: see the command module for why this is safety. Not
+    // where the node refused it to this user before: each try would only add refusals to
+    // its `ACL LOG` and `INFO commandstats`.
+    let preload = !seen.scripts_refused.load(Ordering::Relaxed);
+    if preload && let Err(err) = load_scripts().query_async::<()>(&mut connection).await {
         // A node that refuses SCRIPT LOAD still works through EVAL on demand.
         if err.code().is_none() {
             return Err(unreachable(err));
         }
-        tracing::warn!(
-            target: "redlock",
-            %err,
-            "scripts not preloaded (an ACL user without `script|load`?): they still run, but \
-             a release queued behind a SET on a hung node may then be lost"
-        );
+        let refused = err.code() == Some("NOPERM");
+        if !(refused && seen.scripts_refused.swap(true, Ordering::Relaxed)) {
+            tracing::warn!(
+                target: "redlock",
+                %err,
+                "scripts not preloaded (an ACL user without `script|load`?): they still run, \
+                 but a release queued behind a SET on a hung node may then be lost"
+            );
+        }
     }
     let reply = connection.send_packed_command(redis::cmd("INFO").arg("server")).await;
     let replied_at = Instant::now();
@@ -1176,6 +1187,8 @@ async fn open(
 struct Seen<'a> {
     servers: &'a server::Servers,
     name: &'a Arc<str>,
+    /// See [`Node::scripts_refused`].
+    scripts_refused: &'a AtomicBool,
 }
 
 /// The critical sections never panic; if one ever did, its state is still usable.

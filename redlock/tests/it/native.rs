@@ -270,3 +270,47 @@ async fn a_user_without_scripting_runs_the_plain_lock_where_the_server_has_nativ
     assert_eq!(counts(&cluster, &["eval", "evalsha"]), vec![vec![0, 0]; 3], "no script ran");
     drop(waiter);
 }
+
+/// A node that refused a user `SCRIPT LOAD` is not asked again on that user's later
+/// connections (each try would only add refusals to its `ACL LOG`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_refused_the_script_preload_is_not_asked_again_on_a_new_connection() {
+    let (cluster, builder) = cluster_as("unscripted", &WITHOUT_SCRIPTING);
+    let rl = builder.connections_per_runtime(false).build().unwrap();
+    rl.connect().await.unwrap();
+    let refused = || -> Vec<i64> {
+        let preloads = |node| acl_log_count(node, "script|load") + acl_log_count(node, "script");
+        cluster.nodes().iter().map(preloads).collect()
+    };
+    let first = refused();
+    assert!(first.iter().all(|&n| n > 0), "the first connection's preload is refused: {first:?}");
+    let accepted = || -> Vec<u64> {
+        let stat = |node: &RedisNode| {
+            let mut con = node.connection().unwrap();
+            let info: String = redis::cmd("INFO").arg("stats").query(&mut con).unwrap();
+            let line = info.lines().find_map(|l| l.strip_prefix("total_connections_received:"));
+            line.unwrap().trim().parse::<u64>().unwrap()
+        };
+        cluster.nodes().iter().map(stat).collect()
+    };
+    let before = accepted();
+    for node in cluster.nodes() {
+        node.command(&["CLIENT", "KILL", "USER", "unscripted"]).unwrap();
+    }
+    // The next requests find their connections closed and open new ones.
+    let reconnected = common::eventually(Duration::from_secs(5), || {
+        let now = accepted();
+        now.iter().zip(&before).all(|(now, before)| now > before)
+    });
+    let retry = async {
+        loop {
+            let _ = rl.try_lock("k").await.map(drop);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::select! {
+        reconnected = reconnected => assert!(reconnected, "no new connections"),
+        () = retry => {}
+    }
+    assert_eq!(refused(), first, "not asked again");
+}

@@ -79,12 +79,11 @@ impl Failure {
             // "CODE detail", as the server said it: the code is what operators search for.
             Some(code) => {
                 let message = format!("{code} {}", err.detail().unwrap_or_default());
-                match command::explain_refusal(&message) {
+                let explained = command::explain_refusal(&message)
+                    .or_else(|| command::explain_scripting_refusal(&message));
+                match explained {
                     Some(explained) => Self::Denied(explained.into()),
-                    None if code == "NOPERM" => Self::Denied(
-                        command::explain_scripting_refusal(&message)
-                            .map_or_else(|| message.into(), Into::into),
-                    ),
+                    None if code == "NOPERM" => Self::Denied(message.into()),
                     None if code == "NOAUTH" => Self::Denied(denied::NOAUTH.into()),
                     None => Self::Server { code: code.into(), message: message.into() },
                 }

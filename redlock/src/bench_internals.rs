@@ -1,16 +1,17 @@
 //! Not part of the API: the pure functions the benchmarks time, so that their cost can be
 //! measured without a network. Hidden from the docs; may change in any release.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The quorum of `nodes` masters.
 pub fn quorum(nodes: usize) -> usize {
     crate::quorum::quorum(nodes)
 }
 
-/// The validity left of a lease of `ttl` after `elapsed`, with the drift of `factor`.
-pub fn validity(ttl: Duration, elapsed: Duration, factor: f64) -> Option<Duration> {
-    crate::quorum::validity(ttl, elapsed, crate::quorum::drift(ttl, factor))
+/// The validity deadline of a lease of `ttl` whose round started at `started_at`, with the
+/// drift of `factor` (`None` for a lease out of range).
+pub fn deadline(ttl: Duration, factor: f64, started_at: Instant) -> Option<Instant> {
+    Some(crate::config::Ttl::new(ttl, factor).ok()?.deadline(started_at))
 }
 
 /// Feeds `votes` (yes or no, in answer order) to the round decision over `votes.len()`

@@ -327,9 +327,8 @@ pub(crate) fn explain_scripting_refusal(message: &str) -> Option<String> {
     }
     Some(format!(
         "{message} (this request runs a Lua script: allow `+evalsha +eval +script|load`, as the \
-         README's `locking` ACL line does; without scripting, only the plain lock's \
-         acquisition, release and check_held work, on a server with native compare-and-delete \
-         such as Valkey 9)"
+         README's `locking` ACL line does; without scripting, only the plain lock works, on a \
+         server with native compare-and-delete and compare-and-set such as Valkey 9)"
     ))
 }
 

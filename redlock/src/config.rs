@@ -129,16 +129,6 @@ impl Ttl {
         started_at + (self.duration() - self.drift)
     }
 
-    /// The validity a round that started at `started_at` and was decided at `decided_at`
-    /// leaves, or `None` when nothing remains.
-    pub(crate) fn validity(self, started_at: Instant, decided_at: Instant) -> Option<Duration> {
-        quorum::validity(
-            self.duration(),
-            decided_at.saturating_duration_since(started_at),
-            self.drift,
-        )
-    }
-
     /// The drift allowance of this lease.
     pub(crate) fn drift(self) -> Duration {
         self.drift
@@ -165,14 +155,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_deadline_is_the_validity_from_the_rounds_start() {
+    fn the_deadline_is_the_lease_less_its_drift_from_the_rounds_start() {
         let ttl = Ttl::new(Duration::from_millis(1000), 0.01).unwrap();
         let start = Instant::now();
-        let decided = start + Duration::from_millis(100);
         assert_eq!(ttl.drift(), Duration::from_millis(12));
-        assert_eq!(ttl.validity(start, decided), Some(Duration::from_millis(888)));
-        assert_eq!(decided + Duration::from_millis(888), ttl.deadline(start));
-        assert_eq!(ttl.validity(start, start + Duration::from_millis(988)), None);
+        assert_eq!(ttl.deadline(start), start + Duration::from_millis(988));
     }
 
     #[test]

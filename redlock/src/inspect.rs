@@ -139,7 +139,7 @@ impl Redlock {
                 match node.connect_first().await {
                     Ok(connected) => {
                         let by = crate::clock::now() + timeout;
-                        let send = node.send(&command, (Some(by), None, None, false), connected);
+                        let send = node.send(&command, (Some(by), None, None, None), connected);
                         tokio::time::timeout(timeout, send).await
                     }
                     Err(failure) => Ok(crate::node::Reply::unconnected(failure)),
@@ -220,7 +220,7 @@ impl Redlock {
         let timeout = self.core.config.node_timeout * 2;
         let removals = self.core.nodes.iter().map(|node| {
             let by = crate::clock::now() + timeout;
-            let send = node.send(&command, (Some(by), None, None, false), Default::default());
+            let send = node.send(&command, (Some(by), None, None, None), Default::default());
             let sent = tokio::time::timeout(timeout, send);
             async move { matches!(sent.await, Ok(reply) if reply.value.is_ok()) }
         });

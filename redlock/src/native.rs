@@ -13,15 +13,18 @@
 //!   another owner*, which it cannot tell apart (the release script says -1 for the
 //!   latter; both count as not released);
 //!
-//! Extensions stay scripts: `SET key token IFEQ token PX ms` sets the lease outright, and
-//! one still in flight on one connection can land after a later, longer extension on
-//! another and cut it below the validity the client counts.
+//! - `SET key token IFEQ token PX ms GET` (Valkey 8.1) answers as the extension script
+//!   does (1 renewed, 0 absent, -1 another owner's), but only where the node refused this
+//!   user scripts: it sets the lease outright, even shorter, and one still in flight may land
+//!   after a later extension and cut it, so the client counts what it may cut (see
+//!   [`crate::route`]); the script only ever lengthens, and needs none of that.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use redis::{Cmd, Pipeline, Value};
 
 use crate::channel::ReleaseChannel;
+use crate::config::Ttl;
 use crate::node::Failure;
 use crate::server::{Server, Version};
 
@@ -32,16 +35,19 @@ pub(crate) enum Feature {
     SetNxGet,
     /// `DELIFEQ`.
     DelIfEq,
+    /// `SET ... IFEQ ... PX ... GET`.
+    SetIfEq,
 }
 
 impl Feature {
-    const ALL: [Feature; 2] = [Feature::SetNxGet, Feature::DelIfEq];
+    const ALL: [Feature; 3] = [Feature::SetNxGet, Feature::DelIfEq, Feature::SetIfEq];
 
     /// The two bits of [`Offers`] that say what is known of it.
     fn shift(self) -> u8 {
         match self {
             Feature::SetNxGet => 0,
             Feature::DelIfEq => 2,
+            Feature::SetIfEq => 4,
         }
     }
 
@@ -55,6 +61,8 @@ impl Feature {
         match self {
             Feature::SetNxGet => valkey || at_least(server.redis_version, 7, 0),
             Feature::DelIfEq => valkey && at_least(server.version, 9, 0),
+            // Redis 8.4 has it too, not tried here: no such server was at hand to test it.
+            Feature::SetIfEq => valkey && at_least(server.version, 8, 1),
         }
     }
 }
@@ -112,7 +120,10 @@ pub(crate) fn lacks(failure: &Failure) -> bool {
             let detail = detail.trim_start().to_ascii_lowercase();
             detail.starts_with("unknown command") || detail.starts_with("syntax error")
         }
-        Failure::Denied(message) => message.starts_with("NOPERM"),
+        // The command refused, not a key or channel (the script would be refused those too).
+        Failure::Denied(message) => {
+            message.starts_with("NOPERM") && message.contains("permissions to run")
+        }
         Failure::Unreachable(_) | Failure::Refused(_) | Failure::ConnectTimedOut => false,
     }
 }
@@ -128,6 +139,8 @@ pub(crate) struct Native {
     /// the command so publishes once per connection a moment before the script removes
     /// the key.
     publish: Option<(Cmd, Pipeline)>,
+    /// An extension's lease and the hold's token (what its reply is compared with).
+    outright: Option<(Ttl, Box<[u8]>)>,
 }
 
 impl Native {
@@ -135,7 +148,18 @@ impl Native {
     pub(crate) fn acquire(key: &str, token: &[u8], ms: &[u8]) -> Self {
         let mut command = redis::cmd("SET");
         command.arg(key).arg(token).arg("NX").arg("PX").arg(ms).arg("GET");
-        Self { feature: Feature::SetNxGet, command, publish: None }
+        Self { feature: Feature::SetNxGet, command, publish: None, outright: None }
+    }
+
+    /// `SET key token IFEQ token PX ms GET`: renews the lease of `token`'s key to `ttl`,
+    /// outright (see the module's page).
+    pub(crate) fn extend(key: &str, token: &[u8], ttl: Ttl) -> Self {
+        let mut command = redis::cmd("SET");
+        let ms = ttl.arg();
+        command.arg(key).arg(token).arg("IFEQ").arg(token).arg("PX").arg(ms.as_bytes());
+        command.arg("GET");
+        let outright = Some((ttl, token.into()));
+        Self { feature: Feature::SetIfEq, command, publish: None, outright }
     }
 
     /// `DELIFEQ key token`, and, unless `channel_of` is `None`, the release's notification
@@ -151,11 +175,16 @@ impl Native {
             both.add_command(command.clone()).add_command(publish.clone());
             (publish, both)
         });
-        Self { feature: Feature::DelIfEq, command, publish }
+        Self { feature: Feature::DelIfEq, command, publish, outright: None }
     }
 
     pub(crate) fn feature(&self) -> Feature {
         self.feature
+    }
+
+    /// The lease of an extension that sets it outright.
+    pub(crate) fn outright(&self) -> Option<Ttl> {
+        self.outright.as_ref().map(|(ttl, _)| *ttl)
     }
 
     /// The command alone.
@@ -179,6 +208,11 @@ impl Native {
         match (self.feature, reply) {
             (Feature::DelIfEq, Value::Int(1)) => Value::Int(if refused { 2 } else { 1 }),
             (Feature::DelIfEq, Value::Int(0)) => Value::Int(0),
+            (Feature::SetIfEq, Value::Nil) => Value::Int(0),
+            (Feature::SetIfEq, Value::BulkString(held)) => match &self.outright {
+                Some((_, token)) if held == **token => Value::Int(1),
+                _ => Value::Int(-1),
+            },
             (_, other) => other,
         }
     }
@@ -205,8 +239,12 @@ mod tests {
         assert!(!redis_70.may(Feature::DelIfEq));
         let redis_84 = Offers::for_server(&server("redis", "8.4.0", "8.4.0"));
         assert!(redis_84.may(Feature::SetNxGet) && !redis_84.may(Feature::DelIfEq));
+        assert!(!redis_84.may(Feature::SetIfEq), "not tried where it was never tested");
         let valkey_8 = Offers::for_server(&server("valkey", "8.1.0", "7.2.4"));
         assert!(valkey_8.may(Feature::SetNxGet) && !valkey_8.may(Feature::DelIfEq));
+        assert!(valkey_8.may(Feature::SetIfEq));
+        let valkey_80 = Offers::for_server(&server("valkey", "8.0.2", "7.2.4"));
+        assert!(!valkey_80.may(Feature::SetIfEq));
         let valkey_9 = Offers::for_server(&server("valkey", "9.1.2", "7.2.4"));
         assert!(Feature::ALL.iter().all(|&feature| valkey_9.may(feature)));
         // What the version allows goes with its notification from the start.
@@ -238,6 +276,8 @@ mod tests {
         assert!(lacks(&server_error("ERR unknown command 'DELIFEQ', with args beginning with:")));
         assert!(lacks(&server_error("ERR syntax error")));
         assert!(lacks(&Failure::Denied("NOPERM User u has no permissions to run it".into())));
+        let key = "NOPERM No permissions to access a key";
+        assert!(!lacks(&Failure::Denied(key.into())), "the script would be refused it too");
         assert!(!lacks(&server_error("WRONGTYPE Operation against a key")));
         assert!(!lacks(&server_error("LOADING Redis is loading the dataset in memory")));
         assert!(!lacks(&Failure::Unreachable("reset".into())));
@@ -257,5 +297,11 @@ mod tests {
         assert_eq!(acquire.as_script(Value::Nil, None), Value::Nil);
         let holder = Value::BulkString(b"other".to_vec());
         assert_eq!(acquire.as_script(holder.clone(), None), holder);
+        let ttl = Ttl::new(std::time::Duration::from_secs(1), 0.01).unwrap();
+        let extend = Native::extend("k", b"t", ttl);
+        assert_eq!(extend.as_script(Value::BulkString(b"t".to_vec()), None), Value::Int(1));
+        assert_eq!(extend.as_script(Value::Nil, None), Value::Int(0));
+        assert_eq!(extend.as_script(holder, None), Value::Int(-1));
+        assert_eq!(extend.outright(), Some(ttl));
     }
 }

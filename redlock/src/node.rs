@@ -35,7 +35,7 @@ use crate::denied;
 use crate::error::NodeOutcome;
 use crate::native::{self, Native, Offers};
 use crate::quarantine;
-use crate::route::Route;
+use crate::route::{Extension, Route};
 use crate::server;
 use crate::tasks::Tasks;
 
@@ -664,18 +664,25 @@ impl Node {
     /// answers `LATE` or `WITHHELD` then: the client's bounds on what a create may still
     /// set count on every create going out by then, however late its future is polled (a
     /// caller's runtime idle or blocked meanwhile). A create is recorded on its routes
-    /// (the hold's, and `also` its wait's); an extension (`renews`) only checked.
+    /// (the hold's, and `also` its wait's); an extension (`renews`: its round's start) only
+    /// checked, and kept until answered where it sets the lease outright.
     ///
     /// `connected` is what [`Node::connect_first`] found, if it was just now.
     pub(crate) async fn send(
         &self,
         command: &Command,
-        (by, route, also, renews): (Option<Instant>, Option<&Route>, Option<&Route>, bool),
+        (by, route, also, renews): (
+            Option<Instant>,
+            Option<&Route>,
+            Option<&Route>,
+            Option<Instant>,
+        ),
         connected: Connected,
     ) -> Reply {
         // A create without a time to go out by goes out by now: never later than asked.
         let by = command.creates().then(|| by.unwrap_or_else(crate::clock::now));
-        let bound = Bound { by, route, also, records: command.creates() && !renews };
+        let records = command.creates() && renews.is_none();
+        let bound = Bound { by, route, also, records, renews, outright: None };
         let first = (command.first(), command.native());
         let reply = self.send_cmd(first, command.resend(), bound, connected.0).await;
         if !matches!(&reply.value, Err(failure) if failure.is_noscript()) {
@@ -766,7 +773,13 @@ impl Node {
     /// `cmd` on `handle`'s connection, or its native form where the connection's server
     /// may run it (see [`crate::native`]).
     async fn send_on(&self, handle: Handle, (cmd, native): Forms<'_>, bound: Bound<'_>) -> Sent {
-        if let Some(native) = native.filter(|native| handle.offers.may(native.feature()))
+        // An extension that sets the lease outright costs the hold's later rounds what it
+        // may cut (see `crate::route`): only where the script cannot run.
+        let worth = |native: &&Native| {
+            handle.offers.may(native.feature())
+                && (native.outright().is_none() || self.scripts_refused.load(Ordering::Relaxed))
+        };
+        if let Some(native) = native.filter(worth)
             && let Some(sent) = self.send_native(handle.clone(), native, bound).await
         {
             return sent;
@@ -786,7 +799,8 @@ impl Node {
             Some((publish, _)) => (Packet::One(native.command()), Some(publish)),
             None => (Packet::One(native.command()), None),
         };
-        let (sent, mut published) = match self.write(handle.clone(), packet, bound).await {
+        let native_bound = Bound { outright: native.outright(), ..bound };
+        let (sent, mut published) = match self.write(handle.clone(), packet, native_bound).await {
             Sent::Reply(Ok(Value::Array(replies))) if matches!(packet, Packet::Both(_)) => {
                 let mut replies = replies.into_iter().map(value_or_failure);
                 let first = replies.next().unwrap_or(Ok(Value::Nil));
@@ -850,7 +864,11 @@ impl Node {
         let recorded = || Handle { fresh: false, ..handle.clone() };
         let queued = match (bound.route, bound.also) {
             (None, _) => Some(send.await),
-            (Some(route), _) if !bound.records => route.gate(send).await,
+            (Some(route), _) if !bound.records => {
+                let at = bound.renews.unwrap_or_else(crate::clock::now);
+                let outright = bound.outright.map(|ttl| ttl.deadline(at));
+                route.gate(send, Extension { at, outright }, answered).await
+            }
             (Some(route), None) => route.queue(&recorded(), send, answered).await,
             // Not recorded on the wait's route either when its own refuses it.
             (Some(route), Some(_)) if route.is_undone() => None,
@@ -1233,11 +1251,16 @@ struct Bound<'a> {
     also: Option<&'a Route>,
     /// It creates (recorded on its routes), rather than extends (only refused by them).
     records: bool,
+    /// An extension's round start.
+    renews: Option<Instant>,
+    /// The lease of an extension that sets it outright (see [`crate::route`]).
+    outright: Option<crate::config::Ttl>,
 }
 
 impl Bound<'_> {
     /// For a command that creates nothing.
-    const NONE: Self = Self { by: None, route: None, also: None, records: false };
+    const NONE: Self =
+        Self { by: None, route: None, also: None, records: false, renews: None, outright: None };
 }
 
 enum Sent {

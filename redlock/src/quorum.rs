@@ -27,12 +27,6 @@ pub(crate) fn drift(ttl: Duration, factor: f64) -> Duration {
     ttl.mul_f64(factor) + timing::EXPIRY_PRECISION
 }
 
-/// What remains of a lease of `ttl` after `elapsed` and the drift allowance, or `None` when
-/// nothing remains (a failed attempt, never a lock that is already over).
-pub(crate) fn validity(ttl: Duration, elapsed: Duration, drift: Duration) -> Option<Duration> {
-    ttl.checked_sub(elapsed)?.checked_sub(drift).filter(|left| !left.is_zero())
-}
-
 /// The one conversion from a `Duration` to the milliseconds Redis expects.
 ///
 /// Rounds down, so the lease stored in Redis is never longer than the one the client counts
@@ -207,18 +201,6 @@ mod tests {
     }
 
     #[test]
-    fn validity_is_none_when_used_up() {
-        let ttl = Duration::from_millis(100);
-        let drift = drift(ttl, 0.01);
-        assert_eq!(
-            validity(ttl, Duration::from_millis(10), drift),
-            Some(Duration::from_millis(87))
-        );
-        assert_eq!(validity(ttl, Duration::from_millis(97), drift), None);
-        assert_eq!(validity(ttl, Duration::from_millis(500), drift), None);
-    }
-
-    #[test]
     fn ttl_millis_rejects_zero_and_huge() {
         assert_eq!(ttl_millis(Duration::from_micros(999)), None);
         assert_eq!(ttl_millis(Duration::from_micros(1500)), Some(1));
@@ -295,24 +277,6 @@ mod tests {
         fn two_quorums_always_overlap(n in 1usize..64) {
             prop_assert!(2 * quorum(n) > n);
             prop_assert!(quorum(n) <= n);
-        }
-
-        #[test]
-        fn validity_never_exceeds_ttl_and_never_is_zero(
-            ttl_ms in 1u64..=MAX_TTL.as_millis() as u64,
-            elapsed_us in 0u64..10_000_000_000,
-            factor in 0.0f64..1.0,
-        ) {
-            let ttl = Duration::from_millis(ttl_ms);
-            let elapsed = Duration::from_micros(elapsed_us);
-            let d = drift(ttl, factor);
-            match validity(ttl, elapsed, d) {
-                Some(v) => {
-                    prop_assert!(!v.is_zero());
-                    prop_assert!(v + elapsed + d == ttl);
-                }
-                None => prop_assert!(elapsed + d >= ttl),
-            }
         }
 
         /// Once settled, a round never changes its mind, whatever the pending nodes say,

@@ -13,11 +13,18 @@
 //! node reads only later. Its undo goes out on another connection and may run first; the
 //! create's key then stays until its lease ends, holding a token no other client counts
 //! as its own (as a crashed holder's would).
+//!
+//! A route also keeps the hold's extensions that set the lease outright (`SET ... IFEQ
+//! ... PX`, where the node refuses scripts) until the node answers them: one may still
+//! land after any later extension and set the key to its own lease from then on. So each
+//! extension notes, as it is queued, the earliest validity deadline among those, and its
+//! round counts no more than that on the node (see [`Route::noted`]).
 
 use std::future::Future;
 use std::pin::pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::Poll;
+use std::time::Instant;
 
 use crate::node::Handle;
 
@@ -35,8 +42,91 @@ enum State<H> {
     Undone(Undo<H>),
 }
 
+/// One node's route and the hold's unanswered outright extensions there.
+struct Entry<H> {
+    state: State<H>,
+    outright: Outright,
+}
+
+impl<H> Default for Entry<H> {
+    fn default() -> Self {
+        Self { state: State::Unsent, outright: Outright::default() }
+    }
+}
+
+/// The hold's extensions on one node that set the lease outright and were not answered.
+#[derive(Default)]
+struct Outright {
+    /// The id the next one gets.
+    next: u64,
+    /// Each one's id and the validity deadline it counts (its round's start plus its
+    /// lease, less its drift allowance).
+    unanswered: smallvec::SmallVec<[(u64, Instant); 2]>,
+    /// The newest extension round queued here: its start and what its requests found.
+    newest: Option<(Instant, Noted)>,
+}
+
+/// What an extension round's requests to one node found as they were queued.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Noted {
+    /// The earliest deadline among the hold's outright extensions not answered then: the
+    /// most the round counts on the node (`None`: no bound).
+    pub(crate) cap: Option<Instant>,
+    /// Whether one of them sets the lease outright itself.
+    pub(crate) outright: bool,
+}
+
+impl Outright {
+    fn earliest(&self) -> Option<Instant> {
+        self.unanswered.iter().map(|&(_, deadline)| deadline).min()
+    }
+
+    /// Notes an extension of the round that started `at`, and registers it if it sets the
+    /// lease outright until `deadline`: its id then.
+    fn queue(&mut self, at: Instant, deadline: Option<Instant>) -> Option<u64> {
+        let found = Noted { cap: self.earliest(), outright: deadline.is_some() };
+        self.newest = match self.newest {
+            // The same round sent again (a new connection): both count.
+            Some((newest, noted)) if newest == at => Some((
+                at,
+                Noted {
+                    cap: min_of(noted.cap, found.cap),
+                    outright: noted.outright || found.outright,
+                },
+            )),
+            // A straggler of an earlier round: the newer one's note stays.
+            Some((newest, noted)) if newest > at => Some((newest, noted)),
+            _ => Some((at, found)),
+        };
+        let deadline = deadline?;
+        let id = self.next;
+        self.next += 1;
+        self.unanswered.push((id, deadline));
+        Some(id)
+    }
+
+    fn answered(&mut self, id: u64) {
+        self.unanswered.retain(|&mut (other, _)| other != id);
+    }
+}
+
+fn min_of(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// An extension, as its route sees it: the start of its round, and the validity deadline
+/// it counts if it sets the lease outright.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Extension {
+    pub(crate) at: Instant,
+    pub(crate) outright: Option<Instant>,
+}
+
 /// A hold's routes, one per node, in one allocation.
-pub(crate) struct Routes<H = Handle>(Arc<[Mutex<State<H>>]>);
+pub(crate) struct Routes<H = Handle>(Arc<[Mutex<Entry<H>>]>);
 
 impl<H> Clone for Routes<H> {
     fn clone(&self) -> Self {
@@ -91,7 +181,7 @@ impl<H> Clone for Route<H> {
 }
 
 impl<H: Clone> Route<H> {
-    fn lock(&self) -> Option<MutexGuard<'_, State<H>>> {
+    fn lock(&self) -> Option<MutexGuard<'_, Entry<H>>> {
         let state = self.routes.0.get(self.node)?;
         Some(state.lock().unwrap_or_else(PoisonError::into_inner))
     }
@@ -100,8 +190,9 @@ impl<H: Clone> Route<H> {
     /// later one, a release after a lost hold's, goes the same way): no create or
     /// extension of the hold is queued there from now on.
     pub(crate) fn undo(&self) -> Undo<H> {
-        let Some(mut state) = self.lock() else { return Undo::Anywhere };
-        let undo = match std::mem::take(&mut *state) {
+        let Some(mut entry) = self.lock() else { return Undo::Anywhere };
+        let state = &mut entry.state;
+        let undo = match std::mem::take(state) {
             State::Unsent => Undo::Nothing,
             State::Sent { in_flight: 0, .. } => Undo::Anywhere,
             State::Sent { handle, .. } => Undo::Behind(handle),
@@ -113,7 +204,7 @@ impl<H: Clone> Route<H> {
 
     /// Whether an undo of the hold was issued on the node.
     pub(crate) fn is_undone(&self) -> bool {
-        self.lock().is_none_or(|state| matches!(*state, State::Undone(_)))
+        self.lock().is_none_or(|entry| matches!(entry.state, State::Undone(_)))
     }
 
     /// Runs `send`, a create on `handle`'s connection, unless an undo of the hold was
@@ -132,25 +223,51 @@ impl<H: Clone> Route<H> {
         F: Future + Send,
         F::Output: Send,
     {
-        self.enqueue(Some(handle), send, answered).await
+        self.enqueue(Queue::Create(handle), send, answered).await
     }
 
     /// Runs `send`, an extension, unless an undo of the hold was issued (`None` then), and
-    /// records nothing: an extension sets nothing where the key is gone, so whichever of
-    /// it and an undo runs first on a node, no key is left (and recorded, one on another
-    /// connection would move the undo away from a create not answered yet).
-    pub(crate) async fn gate<F>(&self, send: F) -> Option<F::Output>
+    /// records nothing of it for the undo: an extension sets nothing where the key is gone,
+    /// so whichever of it and an undo runs first on a node, no key is left (and recorded,
+    /// one on another connection would move the undo away from a create not answered yet).
+    /// One that sets the lease outright is kept until `answered` says it was.
+    pub(crate) async fn gate<F>(
+        &self,
+        send: F,
+        extension: Extension,
+        answered: fn(&F::Output) -> bool,
+    ) -> Option<F::Output>
     where
         H: Send + Sync,
         F: Future + Send,
         F::Output: Send,
     {
-        self.enqueue(None, send, |_| false).await
+        let mut id = None;
+        let result = self.enqueue(Queue::Extension(extension, &mut id), send, |_| false).await?;
+        if let Some(id) = id
+            && answered(&result)
+            && let Some(mut entry) = self.lock()
+        {
+            entry.outright.answered(id);
+        }
+        Some(result)
+    }
+
+    /// What the extension round that started `at` found on the node (nothing if none of
+    /// its requests was queued there): the earliest deadline among the hold's outright
+    /// extensions not answered when its request was queued (one may land after it and set
+    /// the key to its own lease from then on).
+    pub(crate) fn noted(&self, at: Instant) -> Noted {
+        let Some(entry) = self.lock() else { return Noted::default() };
+        match entry.outright.newest {
+            Some((newest, noted)) if newest == at => noted,
+            _ => Noted::default(),
+        }
     }
 
     async fn enqueue<F>(
         &self,
-        record: Option<&H>,
+        mut queue: Queue<'_, H>,
         send: F,
         answered: fn(&F::Output) -> bool,
     ) -> Option<F::Output>
@@ -165,29 +282,43 @@ impl<H: Clone> Route<H> {
             if queued {
                 return send.as_mut().poll(cx).map(Some);
             }
-            let Some(mut state) = self.lock() else { return Poll::Ready(None) };
-            let in_flight = match &*state {
+            let Some(mut entry) = self.lock() else { return Poll::Ready(None) };
+            let in_flight = match &entry.state {
                 State::Undone(_) => return Poll::Ready(None),
                 State::Unsent => 0,
                 State::Sent { in_flight, .. } => *in_flight,
             };
             let polled = send.as_mut().poll(cx);
-            if let Some(handle) = record {
-                *state = State::Sent { handle: handle.clone(), in_flight: in_flight + 1 };
+            match &mut queue {
+                Queue::Create(handle) => {
+                    let handle = (*handle).clone();
+                    entry.state = State::Sent { handle, in_flight: in_flight + 1 };
+                }
+                Queue::Extension(extension, id) => {
+                    **id = entry.outright.queue(extension.at, extension.outright);
+                }
             }
             queued = true;
             polled.map(Some)
         })
         .await?;
-        if record.is_some()
+        if matches!(queue, Queue::Create(_))
             && answered(&result)
-            && let Some(mut state) = self.lock()
-            && let State::Sent { in_flight, .. } = &mut *state
+            && let Some(mut entry) = self.lock()
+            && let State::Sent { in_flight, .. } = &mut entry.state
         {
             *in_flight = in_flight.saturating_sub(1);
         }
         Some(result)
     }
+}
+
+/// What queueing a request records on its route.
+enum Queue<'a, H> {
+    /// A create, on this connection.
+    Create(&'a H),
+    /// An extension; the id it was registered with if it sets the lease outright.
+    Extension(Extension, &'a mut Option<u64>),
 }
 
 #[cfg(test)]
@@ -235,11 +366,12 @@ mod tests {
         let create = route.queue(&7, std::future::pending::<Answer>(), Result::is_ok);
         assert!(futures::FutureExt::now_or_never(create).is_none());
         // Answered on another connection: the undo still goes behind the create.
-        assert_eq!(route.gate(async { Answer::Ok(1) }).await, Some(Ok(1)));
-        let lost = route.gate(std::future::pending::<Answer>());
+        let scripted = scripted(crate::clock::now());
+        assert_eq!(route.gate(async { Answer::Ok(1) }, scripted, Result::is_ok).await, Some(Ok(1)));
+        let lost = route.gate(std::future::pending::<Answer>(), scripted, Result::is_ok);
         assert!(futures::FutureExt::now_or_never(lost).is_none());
         assert_eq!(route.undo(), Undo::Behind(7));
-        assert_eq!(route.gate(async { Answer::Ok(1) }).await, None);
+        assert_eq!(route.gate(async { Answer::Ok(1) }, scripted, Result::is_ok).await, None);
     }
 
     #[tokio::test]
@@ -250,5 +382,62 @@ mod tests {
         let polled = futures::FutureExt::now_or_never(queued);
         assert!(polled.is_none());
         assert_eq!(routes.get(0).undo(), Undo::Behind(7));
+    }
+
+    fn scripted(at: Instant) -> Extension {
+        Extension { at, outright: None }
+    }
+
+    fn outright(at: Instant, deadline: Instant) -> Extension {
+        Extension { at, outright: Some(deadline) }
+    }
+
+    #[tokio::test]
+    async fn an_unanswered_outright_extension_bounds_every_later_round_until_it_answers() {
+        let route = Routes::<u64>::new(1).get(0);
+        let t0 = crate::clock::now();
+        let (t1, t2, t3) = (t0 + ms(1), t0 + ms(2), t0 + ms(3));
+        // Sent at t0 to count until t0 + 5 s; its reply is lost with its connection.
+        let lost =
+            route.gate(async { Answer::Err(()) }, outright(t0, t0 + ms(5_000)), Result::is_ok);
+        assert_eq!(lost.await, Some(Err(())));
+        // A longer extension at t1, scripted or not: bounded by the lost one.
+        let longer = route.gate(async { Answer::Ok(1) }, scripted(t1), Result::is_ok);
+        assert_eq!(longer.await, Some(Ok(1)));
+        assert_eq!(route.noted(t1).cap, Some(t0 + ms(5_000)));
+        // One answered bounds nothing later: it ran before its answer.
+        let route = Routes::<u64>::new(1).get(0);
+        let answered =
+            route.gate(async { Answer::Ok(1) }, outright(t0, t0 + ms(5_000)), Result::is_ok);
+        assert_eq!(answered.await, Some(Ok(1)));
+        route.gate(async { Answer::Ok(1) }, scripted(t2), Result::is_ok).await;
+        assert_eq!(route.noted(t2).cap, None);
+        // Only the newest round's note is read.
+        assert_eq!(route.noted(t3), Noted::default());
+    }
+
+    #[tokio::test]
+    async fn a_straggler_of_an_earlier_round_leaves_the_newer_rounds_bound() {
+        let route = Routes::<u64>::new(1).get(0);
+        let t0 = crate::clock::now();
+        let (t1, t2) = (t0 + ms(1), t0 + ms(2));
+        let pending =
+            route.gate(std::future::pending::<Answer>(), outright(t0, t0 + ms(900)), Result::is_ok);
+        assert!(futures::FutureExt::now_or_never(pending).is_none());
+        route.gate(async { Answer::Ok(1) }, scripted(t2), Result::is_ok).await;
+        // Round t1's request, queued only now (its connect was slow).
+        route.gate(async { Answer::Ok(1) }, scripted(t1), Result::is_ok).await;
+        assert_eq!(route.noted(t2).cap, Some(t0 + ms(900)));
+        assert_eq!(route.noted(t1), Noted::default());
+        // The same round sent again on a new connection: the earliest of both.
+        let again = route.gate(async { Answer::Ok(1) }, outright(t2, t0 + ms(800)), Result::is_ok);
+        assert!(again.await.is_some());
+        route.gate(async { Answer::Ok(1) }, scripted(t2), Result::is_ok).await;
+        // The lost send's bound stays; the answered one adds none, but is noted as outright.
+        assert_eq!(route.noted(t2), Noted { cap: Some(t0 + ms(900)), outright: true });
+    }
+
+    fn ms(n: u64) -> std::time::Duration {
+        std::time::Duration::from_millis(n)
     }
 }

@@ -1,4 +1,4 @@
-//! Pure CPU: the quorum and validity arithmetic and token generation, without a network.
+//! Pure CPU: the quorum and deadline arithmetic and token generation, without a network.
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -9,12 +9,13 @@ use redlock::bench_internals as internals;
 fn cpu(c: &mut Criterion) {
     let mut group = c.benchmark_group("cpu");
     group.bench_function("quorum", |b| b.iter(|| internals::quorum(black_box(5))));
-    group.bench_function("validity", |b| {
+    let started_at = std::time::Instant::now();
+    group.bench_function("deadline", |b| {
         b.iter(|| {
-            internals::validity(
+            internals::deadline(
                 black_box(Duration::from_secs(10)),
-                black_box(Duration::from_micros(350)),
                 black_box(0.01),
+                black_box(started_at),
             )
         })
     });

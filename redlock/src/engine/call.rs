@@ -119,7 +119,8 @@ impl NodeCall {
                 },
                 timeout,
                 |connected| {
-                    let bounds = (by, route.as_ref(), also.as_ref(), op == Op::Extend);
+                    let renews = (op == Op::Extend).then_some(at);
+                    let bounds = (by, route.as_ref(), also.as_ref(), renews);
                     node.send(&command, bounds, connected)
                 },
             );
@@ -195,7 +196,7 @@ async fn undo_again(
         return Some(first);
     }
     let reached = || node.may_have_reached(since);
-    let send = || node.send(command, (None, None, None, false), Connected::default());
+    let send = || node.send(command, (None, None, None, None), Connected::default());
     let resend = || tokio::time::timeout(timeout, send());
     resend_lost(first, reached, resend).await
 }

@@ -13,7 +13,7 @@ use crate::command::Command;
 use crate::config::Ttl;
 use crate::error::{Error, ErrorKind, NodeOutcome, Result};
 use crate::quorum::{self, Settled};
-use crate::route::Routes;
+use crate::route::{Noted, Routes};
 use crate::telemetry;
 use crate::timing;
 
@@ -319,20 +319,33 @@ impl<P: Protocol> Claim<P> {
             self.lose();
             return Err(err);
         }
+        let deadline = ttl.deadline(started_at);
+        let noted: smallvec::SmallVec<[Noted; 8]> =
+            (0..self.core.nodes.len()).map(|i| self.routes.get(i).noted(started_at)).collect();
+        // Where it set the lease outright, on nodes that did not answer it may still land
+        // and set the key to it from then on: a failed one shortens the validity too.
+        if noted.iter().any(|noted| noted.outright) {
+            self.deadline = self.deadline.min(deadline);
+        }
         match round.settled {
-            Settled::Reached => match ttl.validity(started_at, round.decided_at) {
-                Some(_) => {
-                    self.deadline = ttl.deadline(started_at);
-                    self.ttl = ttl;
-                    self.note_hold();
-                    Ok(())
+            Settled::Reached => {
+                let renewed = (round.outcomes.iter().zip(&noted))
+                    .filter(|(outcome, _)| **outcome == NodeOutcome::Ok)
+                    .map(|(_, noted)| noted.cap);
+                match renewed_until(deadline, renewed, quorum::quorum(noted.len())) {
+                    Some(until) if until > round.decided_at => {
+                        self.deadline = until;
+                        self.ttl = ttl;
+                        self.note_hold();
+                        Ok(())
+                    }
+                    _ => Err(self.round_error(
+                        ErrorKind::Expired,
+                        "the extension took the whole new lease",
+                        &round,
+                    )),
                 }
-                None => Err(self.round_error(
-                    ErrorKind::Expired,
-                    "the extension took the whole new lease",
-                    &round,
-                )),
-            },
+            }
             Settled::Failed(kind) => {
                 let err = self.lost_error(kind, "extend", &round);
                 if kind == ErrorKind::NotHeld {
@@ -701,6 +714,21 @@ impl Reach {
     }
 }
 
+/// The validity deadline an extension round that reached its quorum counts: its own
+/// (`own`), or less where the nodes that renewed it (with what each noted when its request
+/// was queued, see [`crate::route::Noted::cap`]) cannot all keep it that long; the latest
+/// that `quorum` of them keep. `None` if fewer than `quorum` renewed it.
+fn renewed_until(
+    own: Instant,
+    caps: impl Iterator<Item = Option<Instant>>,
+    quorum: usize,
+) -> Option<Instant> {
+    let mut kept: smallvec::SmallVec<[Instant; 8]> =
+        caps.map(|cap| cap.map_or(own, |cap| cap.min(own))).collect();
+    kept.sort_unstable_by(|a, b| b.cmp(a));
+    kept.get(quorum.checked_sub(1)?).copied()
+}
+
 /// Until when an undo of a hold whose creates and renewals may set keys living as long as
 /// `reach` says is sent again, on nodes given `(connect_timeout, node_timeout)`: the last of
 /// them went out within [`timing::written_within`] of its round's start (a connect timeout,
@@ -785,6 +813,25 @@ mod tests {
         let mut longer = reach;
         longer.cover(at + Duration::from_secs(5), ttl);
         assert_eq!(resend_until(longer, timeouts), later(5000));
+    }
+
+    #[test]
+    fn a_renewal_counts_no_longer_than_a_quorum_of_its_nodes_keep_it() {
+        let t0 = clock::now();
+        let own = t0 + Duration::from_secs(60);
+        let early = t0 + Duration::from_secs(5);
+        // Unbounded nodes: its own deadline.
+        assert_eq!(renewed_until(own, [None, None, None].into_iter(), 2), Some(own));
+        // An outright extension unanswered on one node of three: the others keep it.
+        assert_eq!(renewed_until(own, [Some(early), None, None].into_iter(), 2), Some(own));
+        // On two: what they keep, the latest that two nodes keep.
+        let later = t0 + Duration::from_secs(7);
+        let caps = [Some(early), Some(later), None].into_iter();
+        assert_eq!(renewed_until(own, caps, 2), Some(later));
+        // A bound past its own deadline bounds nothing.
+        let past = own + Duration::from_secs(1);
+        assert_eq!(renewed_until(own, [Some(past), Some(past)].into_iter(), 2), Some(own));
+        assert_eq!(renewed_until(own, [None].into_iter(), 2), None);
     }
 
     #[test]

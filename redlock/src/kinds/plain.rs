@@ -87,13 +87,14 @@ impl Protocol for Plain {
                     .or_native(Native::acquire(key, token, ms.as_bytes()))
                     .creating()
             }
-            // Always the script, never `SET ... IFEQ ... PX`: that sets the lease outright,
-            // and one still in flight on one connection can land after a later, longer
-            // extension on another and cut it below the validity the client counts.
+            // `SET ... IFEQ ... PX` only where the node refuses scripts: it sets the lease
+            // outright, and the rounds after one still in flight count less for it.
             Op::Extend => {
                 let ms = args.ttl.arg();
                 let argv = [token, ms.as_bytes()];
-                Command::script(&command::EXTEND, &[key], &argv, Resend::Safe).creating()
+                Command::script(&command::EXTEND, &[key], &argv, Resend::Safe)
+                    .or_native(Native::extend(key, token, args.ttl))
+                    .creating()
             }
             Op::Release | Op::CleanUp => release(key, token, key, args),
             Op::Check => {

@@ -1,11 +1,12 @@
-//! The server's own commands in place of scripts (`SET ... NX PX ... GET`, `DELIFEQ`):
-//! used where the server has them, the script where it does not (found by its version, or
-//! by trying once per connection: an unknown command, a syntax error or a refused command
-//! ran nothing), with the same answers either way; extensions stay scripted, and never
-//! shorten a lease.
+//! The server's own commands in place of scripts (`SET ... NX PX ... GET`, `DELIFEQ`, and
+//! `SET ... IFEQ ... PX` for the extensions of a user the node refuses scripts): used where
+//! the server has them, the script where it does not (found by its version, or by trying
+//! once per connection: an unknown command, a syntax error or a refused command ran
+//! nothing), with the same answers either way. A scripted extension never shortens a
+//! lease; an outright one bounds what the hold's later rounds count while it may land.
 
 use crate::common;
-use crate::common::acl::{builder_as, cluster_as};
+use crate::common::acl::{PASSWORD, builder_as, cluster_as};
 use redlock::{ErrorKind, Redlock};
 use redlock_testkit::{Cluster, RedisNode};
 use std::time::Duration;
@@ -35,6 +36,10 @@ impl Server {
 
     fn has_delifeq(&self) -> bool {
         self.valkey.is_some_and(|version| version >= (9, 0))
+    }
+
+    fn has_set_ifeq(&self) -> bool {
+        self.valkey.is_some_and(|version| version >= (8, 1))
     }
 }
 
@@ -69,7 +74,7 @@ async fn a_plain_lock_runs_the_servers_own_commands_where_it_has_them() {
     let after = counts(&cluster, &commands);
     // One acquisition, one extension, one release per node: as SET, scripts or natives.
     let set_get = u64::from(server.has_set_get());
-    // Extensions stay scripted (a native one in flight could cut a longer one).
+    // Extensions stay scripted where scripts run (an outright one costs later rounds).
     let (set_ifeq, delifeq) = (0, u64::from(server.has_delifeq()));
     let scripts = 3 - set_get - set_ifeq - delifeq;
     for (i, (after, before)) in after.iter().zip(&before).enumerate() {
@@ -229,10 +234,11 @@ async fn locked_for(ttl: Duration) -> (Cluster, redlock::Lock) {
 /// The rules of a user that may run anything but scripts.
 const WITHOUT_SCRIPTING: [&str; 4] = ["+@all", "-@scripting", "~app:*", "&*"];
 
-/// On a server with native compare-and-delete (Valkey 9), a user without scripting takes,
-/// checks, waits for and releases a plain lock, and runs short work under `with_lock`, with
-/// no script at all; what needs one (an extension, the other kinds) is refused as `Denied`,
-/// naming the rules to add. Elsewhere the release is a script: refused the same way.
+/// On a server with native compare-and-delete and compare-and-set (Valkey 9), a user
+/// without scripting takes, checks, extends, waits for and releases a plain lock, and runs
+/// work under `with_lock` that outlasts the lease (auto-extended), with no script at all;
+/// the other kinds are refused as `Denied`, naming the rules to add. Elsewhere the release
+/// is a script: refused the same way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_without_scripting_runs_the_plain_lock_where_the_server_has_native_commands() {
     let (cluster, builder) = cluster_as("unscripted", &WITHOUT_SCRIPTING);
@@ -251,8 +257,16 @@ async fn a_user_without_scripting_runs_the_plain_lock_where_the_server_has_nativ
     }
     let mut lock = rl.try_lock("k").await.unwrap();
     assert!(lock.check_held().await.unwrap());
-    let err = lock.extend(Duration::from_secs(5)).await.unwrap_err();
-    assert!(is_told_the_rules(&err), "{err}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    lock.extend(Duration::from_secs(5)).await.unwrap();
+    assert!(lock.validity() > Duration::from_millis(4_500), "{:?}", lock.validity());
+    assert!(
+        common::eventually(Duration::from_secs(1), || {
+            (0..3).all(|i| common::pttl(&cluster, i, "app:k") > 4_500)
+        })
+        .await,
+        "renewed on every node"
+    );
     // Waiting for a lock another client of the same user releases.
     let waiter = builder_as(&cluster, "unscripted", &WITHOUT_SCRIPTING)
         .retry(redlock::Retry::new().with_max_wait(Duration::from_secs(5)))
@@ -263,12 +277,120 @@ async fn a_user_without_scripting_runs_the_plain_lock_where_the_server_has_nativ
     lock.release().await.unwrap();
     let (waiter, next) = waiting.await.unwrap().unwrap();
     next.release().await.unwrap();
-    assert_eq!(rl.with_lock("w", |_| async { 7 }).await.unwrap(), 7);
+    // Work that outlasts a 1 s lease, kept by the auto-extension.
+    let short = builder_as(&cluster, "unscripted", &WITHOUT_SCRIPTING)
+        .ttl(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let work = |_| async {
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        7
+    };
+    assert_eq!(short.with_lock("w", work).await.unwrap(), 7);
     let err = rl.reentrant("r", "me").once().await.unwrap_err();
     assert!(is_told_the_rules(&err), "{err}");
     common::none_match_everywhere(&cluster, "app:*", "released").await;
     assert_eq!(counts(&cluster, &["eval", "evalsha"]), vec![vec![0, 0]; 3], "no script ran");
-    drop(waiter);
+    drop((waiter, short));
+}
+
+/// A quorum whose nodes differ in what the user may run: one node lets it run scripts,
+/// two do not. Each node gets its own form (the scripts there, the native commands on the
+/// others), and the lock works as on uniform nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quorum_of_scripted_and_unscripted_nodes_runs_each_nodes_own_form() {
+    let (cluster, builder) = cluster_as("mixed", &WITHOUT_SCRIPTING);
+    if !Server::of(&cluster).has_delifeq() {
+        return;
+    }
+    cluster.node(0).command(&["ACL", "SETUSER", "mixed", "+@scripting"]).unwrap();
+    let rl = builder.ttl(Duration::from_secs(1)).build().unwrap();
+    let before = counts(&cluster, &["evalsha", "eval"]);
+    let mut lock = rl.try_lock("k").await.unwrap();
+    lock.extend(Duration::from_secs(3)).await.unwrap();
+    assert!(lock.validity() > Duration::from_millis(2_500));
+    lock.release().await.unwrap();
+    let work = |_| async {
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        "done"
+    };
+    assert_eq!(rl.with_lock("w", work).await.unwrap(), "done");
+    common::none_match_everywhere(&cluster, "app:*", "released").await;
+    let after = counts(&cluster, &["evalsha", "eval"]);
+    let scripts = |i: usize| after[i].iter().sum::<u64>() - before[i].iter().sum::<u64>();
+    assert!(scripts(0) > 0, "the scripted node ran the extensions as scripts");
+    assert_eq!((scripts(1), scripts(2)), (0, 0), "the others ran none");
+}
+
+/// Where a node refuses scripts, an extension sets the lease outright (`SET ... IFEQ ...
+/// PX`), and one may land after a later extension sent on another connection: here one to
+/// 5 s, held back on two nodes of three past its node timeout, fails; one to 60 s from
+/// another runtime's connection then runs first there, and the held one lands after it and
+/// cuts it to 5 s. Neither counts past what a quorum keeps: the failed one shortens the
+/// validity to its own lease, and the longer one counts no more than the held one leaves,
+/// so another client granted once the cut keys expire never overlaps the hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outright_extension_that_may_still_land_bounds_the_later_ones() {
+    let faulty = redlock_testkit::FaultyCluster::start(3).unwrap();
+    let cluster = faulty.cluster();
+    if !Server::of(cluster).has_set_ifeq() {
+        return;
+    }
+    let urls = (cluster.nodes().iter().enumerate())
+        .map(|(i, node)| {
+            node.acl_setuser("unscripted", PASSWORD, &WITHOUT_SCRIPTING).unwrap();
+            let direct = node.url_as("unscripted", PASSWORD);
+            let port = format!(":{}", node.port());
+            direct.replace(&port, &format!(":{}", faulty.proxy(i).port()))
+        })
+        .collect::<Vec<_>>();
+    let rl = Redlock::builder()
+        .nodes(urls)
+        .key_prefix("app:")
+        .ttl(Duration::from_secs(10))
+        .node_timeout(Duration::from_millis(300))
+        .retry(redlock::Retry::never())
+        .build()
+        .unwrap();
+    let lock = rl.try_lock("k").await.unwrap();
+    let held = Duration::from_secs(2);
+    for i in 0..2 {
+        faulty.proxy(i).hold_requests_containing(b"$4\r\n5000\r\n", held);
+    }
+    let started = std::time::Instant::now();
+    // From a runtime of its own: the client's own connections.
+    let (mut lock, failed) = common::on_short_runtime(async move {
+        let mut lock = lock;
+        let failed = lock.extend(Duration::from_secs(5)).await;
+        (lock, failed)
+    });
+    let err = failed.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    let five = started + Duration::from_secs(5);
+    assert!(lock.deadline() <= five, "the failed one may still land: 5 s at most");
+    for i in 0..2 {
+        faulty.proxy(i).release_holds();
+    }
+    lock.extend(Duration::from_secs(60)).await.unwrap();
+    assert!(lock.deadline() <= five, "{:?} left: more than a quorum keeps", lock.validity());
+    // The held ones land and cut the longer lease.
+    tokio::time::sleep(held).await;
+    let cut = (0..2).filter(|&i| common::pttl(cluster, i, "app:k") < 5_000).count();
+    assert_eq!(cut, 2, "the held extensions landed after the longer one");
+    let other = common::builder_for(cluster.urls(), Duration::from_millis(100))
+        .key_prefix("app:")
+        .build()
+        .unwrap();
+    let granted = loop {
+        if let Ok(next) = other.try_lock("k").await {
+            break (std::time::Instant::now(), next);
+        }
+        assert!(started.elapsed() < Duration::from_secs(15), "never granted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(granted.0 >= lock.deadline(), "two holders: the first counted on the cut lease");
+    granted.1.release().await.unwrap();
+    drop(lock);
 }
 
 /// A node that refused a user `SCRIPT LOAD` is not asked again on that user's later

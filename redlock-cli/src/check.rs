@@ -94,11 +94,12 @@ pub(crate) async fn check(options: &Options) -> u8 {
     }
 }
 
-/// What the plain lock needs Lua for on `node`: with `DELIFEQ` (Valkey 9), only its
-/// extensions; elsewhere its releases too (and on Redis 6.2 its acquisitions).
+/// Whether the plain lock needs Lua on `node`: not with `DELIFEQ` and `SET ... IFEQ`
+/// (Valkey 9), for a user the node refuses scripts; elsewhere for its releases and
+/// extensions (and on Redis 6.2 its acquisitions).
 fn scripting(node: &Node) -> &'static str {
     match node.version.as_deref().and_then(major_minor) {
-        Some(version) if node.valkey && version >= (9, 0) => "plain lock: scripts only to extend",
+        Some(version) if node.valkey && version >= (9, 0) => "plain lock: no scripts needed",
         Some(_) => "plain lock: needs scripts",
         None => "plain lock: ?",
     }

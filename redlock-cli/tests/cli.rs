@@ -396,7 +396,7 @@ fn check_says_per_node_whether_the_plain_lock_needs_scripts() {
             version.split('.').next().unwrap().trim().parse::<u32>().unwrap() >= 9
         });
     let expected = match valkey_9 {
-        true => "plain lock: scripts only to extend",
+        true => "plain lock: no scripts needed",
         false => "plain lock: needs scripts",
     };
     for url in cluster.urls() {
@@ -764,7 +764,7 @@ fn every_acl_rule_set_of_the_readme_is_enough_for_the_command() {
     let shown = ok(inspected, "inspect");
     assert_eq!(shown.matches(lock.token()).count(), 4, "{shown}");
 
-    let forced = redlock_as(&cluster, "force", &["locking", "inspect", "force release"])
+    let forced = redlock_as(&cluster, "force", &["locking", "inspect"])
         .args(["release", "--force", "--yes", "job"])
         .output()
         .unwrap();
@@ -775,6 +775,68 @@ fn every_acl_rule_set_of_the_readme_is_enough_for_the_command() {
     let checked = redlock_as(&cluster, "check", &["locking", "check"]).arg("check").output();
     let shown = ok(checked.unwrap(), "check");
     assert!(!shown.contains("may not") && !shown.contains("warning"), "{shown}");
+}
+
+/// On Valkey 9 (native compare-and-delete and compare-and-set), the README's unscripted
+/// line, in place of the locking line, is enough for `redlock run` with no script: a
+/// command that outlasts the lease (auto-extended), and `--once-per` (the window's lock
+/// kept to its end, so a second run of the window does not run the command); with the
+/// inspect line, `redlock inspect` too. Other servers refuse the line (no `DELIFEQ`).
+#[test]
+fn the_unscripted_rules_are_enough_for_run_on_valkey() {
+    let cluster = cluster(3);
+    let info = cluster.node(0).command(&["INFO", "server"]).unwrap();
+    let info: String = redis::from_redis_value(info).unwrap();
+    let valkey = info.lines().find_map(|line| line.strip_prefix("valkey_version:"));
+    let major = valkey.and_then(|version| version.split('.').next()?.trim().parse::<u32>().ok());
+    if major.is_none_or(|major| major < 9) {
+        return;
+    }
+    let ok = |output: Output, what: &str| {
+        let shown = text(&output.stdout) + &text(&output.stderr);
+        assert_eq!(output.status.code(), Some(0), "{what}: {shown}");
+        shown
+    };
+    let run = redlock_as(&cluster, "unscripted", &["unscripted"])
+        .env("REDLOCK_TTL", "1s")
+        .args(["run", "job"])
+        .args(sh("sleep 2.5; echo ran"))
+        .output()
+        .unwrap();
+    assert!(ok(run, "run").contains("ran"));
+    let once = || {
+        redlock_as(&cluster, "unscripted", &["unscripted"])
+            .args(["run", "--once-per", "1h", "draw"])
+            .args(sh("echo drawn"))
+            .output()
+            .unwrap()
+    };
+    an_hour_window_with_room();
+    assert!(ok(once(), "once-per").contains("drawn"));
+    let again = once();
+    assert_eq!(again.status.code(), Some(75), "{}", text(&again.stderr));
+    assert!(!text(&again.stdout).contains("drawn"), "run twice in one window");
+    // With the inspect line: `redlock inspect` reads the holds without the script.
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let lock = held_by_the_default_user(&cluster, &runtime, "job");
+    let inspected = redlock_as(&cluster, "unscripted", &["unscripted", "inspect"])
+        .args(["inspect", "job"])
+        .output()
+        .unwrap();
+    let shown = ok(inspected, "inspect");
+    assert_eq!(shown.matches(lock.token()).count(), 4, "{shown}");
+    drop(lock);
+    for node in cluster.nodes() {
+        let stats = node.command(&["INFO", "commandstats"]).unwrap();
+        let stats: String = redis::from_redis_value(stats).unwrap();
+        let ran = |name: &str| {
+            stats.lines().any(|line| {
+                line.starts_with(&format!("cmdstat_{name}:calls="))
+                    && !line.starts_with(&format!("cmdstat_{name}:calls=0,"))
+            })
+        };
+        assert!(!ran("eval") && !ran("evalsha"), "a script ran: {stats}");
+    }
 }
 
 /// Without the quarantine line, `REDLOCK_RESTART_QUARANTINE` makes the command fail

@@ -7,6 +7,7 @@ use redis::Value;
 use crate::client::Redlock;
 use crate::command::{self, Command, Resend};
 use crate::error::{Error, ErrorKind, Result};
+use crate::node::{Connected, Reply};
 
 /// What one node holds for a resource.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -137,12 +138,15 @@ impl Redlock {
             // The node timeout starts once the node has a connection, as in a lock's round.
             let sent = async {
                 match node.connect_first().await {
+                    Ok(connected) if node.refuses_scripts() => {
+                        tokio::time::timeout(timeout, read_unscripted(node, key, connected)).await
+                    }
                     Ok(connected) => {
                         let by = crate::clock::now() + timeout;
                         let send = node.send(&command, (Some(by), None, None, None), connected);
                         tokio::time::timeout(timeout, send).await
                     }
-                    Err(failure) => Ok(crate::node::Reply::unconnected(failure)),
+                    Err(failure) => Ok(Reply::unconnected(failure)),
                 }
             };
             async move {
@@ -226,6 +230,44 @@ impl Redlock {
         });
         futures::future::join_all(removals).await.into_iter().filter(|&ok| ok).count()
     }
+}
+
+/// What the inspection script reads, read where the node refuses this user scripts: `GET`
+/// and `PTTL` at once, then `HKEYS` for a hash kind's key (`GET` finds it of another type).
+/// Advisory as the script's answer is, and not atomic: the reads may straddle a change of
+/// the key.
+async fn read_unscripted(node: &crate::node::Node, key: &str, connected: Connected) -> Reply {
+    let ask = |name: &str, connected| {
+        let mut cmd = redis::cmd(name);
+        cmd.arg(key);
+        let command = Command::plain(cmd, Resend::Safe);
+        async move { node.send(&command, (None, None, None, None), connected).await.value }
+    };
+    let both = futures::future::join(ask("GET", connected), ask("PTTL", Connected::default()));
+    let (value, pttl) = both.await;
+    let text = |text: &str| Value::BulkString(text.as_bytes().to_vec());
+    let view = match (value, pttl) {
+        (Ok(Value::Nil), _) => vec![text("none"), text(""), Value::Int(-2)],
+        (Ok(token), Ok(pttl)) => vec![text("string"), token.clone(), pttl, token],
+        (Err(failure), Ok(pttl)) if failure.is_wrong_type() => {
+            match ask("HKEYS", Connected::default()).await {
+                Ok(Value::Array(fields)) => {
+                    let joined = (fields.iter())
+                        .filter_map(|field| redis::from_redis_value::<String>(field.clone()).ok())
+                        .collect::<Vec<_>>()
+                        .join(" ");
+                    [vec![text("hash"), text(&joined), pttl], fields].concat()
+                }
+                Err(failure) if failure.is_wrong_type() => {
+                    vec![text("value of another type"), text(""), pttl]
+                }
+                Ok(other) => return Reply::of(Ok(other)),
+                Err(failure) => return Reply::of(Err(failure)),
+            }
+        }
+        (Err(failure), _) | (_, Err(failure)) => return Reply::of(Err(failure)),
+    };
+    Reply::of(Ok(Value::Array(view)))
 }
 
 /// The holds of `views` (one per node, `nodes` in all) that keep every other owner out:

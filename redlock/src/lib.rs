@@ -80,7 +80,8 @@
 //! [`Redlock::connect`] opens every node's connection at once, up front.
 //!
 //! Release and extend compare the token (release as the server's `DELIFEQ` where it has it,
-//! Lua scripts otherwise: [`guide::kinds`]), sent to all nodes at once. They
+//! extend as `SET ... IFEQ` where the node refuses scripts, Lua scripts otherwise:
+//! [`guide::kinds`]), sent to all nodes at once. They
 //! never delete or extend another owner's key.
 //!
 //! # What is guaranteed, and what is not

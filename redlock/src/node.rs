@@ -92,7 +92,7 @@ impl Failure {
         }
     }
 
-    fn is_wrong_type(&self) -> bool {
+    pub(crate) fn is_wrong_type(&self) -> bool {
         match self {
             Self::Server { code, message } => {
                 &**code == "WRONGTYPE" || message.contains("WRONGTYPE")
@@ -564,6 +564,11 @@ impl Node {
     }
 
     /// `host:port/db`, the identity used in reports (never a password).
+    /// Whether the node refused this user scripts (see [`Node::scripts_refused`]).
+    pub(crate) fn refuses_scripts(&self) -> bool {
+        self.scripts_refused.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn name(&self) -> &Arc<str> {
         &self.name
     }
@@ -675,7 +680,7 @@ impl Node {
             Option<Instant>,
             Option<&Route>,
             Option<&Route>,
-            Option<Instant>,
+            Option<Renewal>,
         ),
         connected: Connected,
     ) -> Reply {
@@ -777,7 +782,7 @@ impl Node {
         // may cut (see `crate::route`): only where the script cannot run.
         let worth = |native: &&Native| {
             handle.offers.may(native.feature())
-                && (native.outright().is_none() || self.scripts_refused.load(Ordering::Relaxed))
+                && (native.outright().is_none() || bound.renews.is_some_and(|r| r.outright))
         };
         if let Some(native) = native.filter(worth)
             && let Some(sent) = self.send_native(handle.clone(), native, bound).await
@@ -865,9 +870,10 @@ impl Node {
         let queued = match (bound.route, bound.also) {
             (None, _) => Some(send.await),
             (Some(route), _) if !bound.records => {
-                let at = bound.renews.unwrap_or_else(crate::clock::now);
+                let at = bound.renews.map_or_else(crate::clock::now, |renewal| renewal.at);
                 let outright = bound.outright.map(|ttl| ttl.deadline(at));
-                route.gate(send, Extension { at, outright }, answered).await
+                let extension = Extension { at, connection: handle.generation, outright };
+                route.gate(send, extension, answered).await
             }
             (Some(route), None) => route.queue(&recorded(), send, answered).await,
             // Not recorded on the wait's route either when its own refuses it.
@@ -1241,6 +1247,16 @@ fn value_or_failure(value: Value) -> Result<Value, Failure> {
     }
 }
 
+/// An extension's round, as its requests see it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Renewal {
+    /// When the round started.
+    pub(crate) at: Instant,
+    /// Whether it may set the lease outright: the node refused this user scripts when the
+    /// round began (see `crate::route`; the claim counts the round from then on).
+    pub(crate) outright: bool,
+}
+
 /// What bounds a create or extension: the time it goes out by, and its hold's route on
 /// the node.
 #[derive(Clone, Copy)]
@@ -1251,8 +1267,8 @@ struct Bound<'a> {
     also: Option<&'a Route>,
     /// It creates (recorded on its routes), rather than extends (only refused by them).
     records: bool,
-    /// An extension's round start.
-    renews: Option<Instant>,
+    /// An extension's round.
+    renews: Option<Renewal>,
     /// The lease of an extension that sets it outright (see [`crate::route`]).
     outright: Option<crate::config::Ttl>,
 }

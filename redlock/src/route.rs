@@ -18,7 +18,7 @@
 //! ... PX`, where the node refuses scripts) until the node answers them: one may still
 //! land after any later extension and set the key to its own lease from then on. So each
 //! extension notes, as it is queued, the earliest validity deadline among those, and its
-//! round counts no more than that on the node (see [`Route::noted`]).
+//! round counts no more than that on the node (see [`Route::bound`]).
 
 use std::future::Future;
 use std::pin::pin;
@@ -57,56 +57,56 @@ impl<H> Default for Entry<H> {
 /// The hold's extensions on one node that set the lease outright and were not answered.
 #[derive(Default)]
 struct Outright {
-    /// The id the next one gets.
+    /// The id the next one gets; the extensions queued before an id's have smaller ones.
     next: u64,
-    /// Each one's id and the validity deadline it counts (its round's start plus its
-    /// lease, less its drift allowance).
-    unanswered: smallvec::SmallVec<[(u64, Instant); 2]>,
-    /// The newest extension round queued here: its start and what its requests found.
-    newest: Option<(Instant, Noted)>,
+    unanswered: smallvec::SmallVec<[Pending; 2]>,
+    /// The newest extension round queued here: its start and its bound (see
+    /// [`Route::bound`]).
+    newest: Option<(Instant, Option<Instant>)>,
 }
 
-/// What an extension round's requests to one node found as they were queued.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Noted {
-    /// The earliest deadline among the hold's outright extensions not answered then: the
-    /// most the round counts on the node (`None`: no bound).
-    pub(crate) cap: Option<Instant>,
-    /// Whether one of them sets the lease outright itself.
-    pub(crate) outright: bool,
+/// An outright extension not answered.
+#[derive(Clone, Copy)]
+struct Pending {
+    id: u64,
+    /// The validity deadline it counts: its round's start plus its lease, less its drift
+    /// allowance. Where it lands, the key lives at least that long.
+    deadline: Instant,
+    /// Its connection's generation: what is queued after it there runs after it.
+    connection: u64,
 }
 
 impl Outright {
-    fn earliest(&self) -> Option<Instant> {
-        self.unanswered.iter().map(|&(_, deadline)| deadline).min()
-    }
-
-    /// Notes an extension of the round that started `at`, and registers it if it sets the
-    /// lease outright until `deadline`: its id then.
-    fn queue(&mut self, at: Instant, deadline: Option<Instant>) -> Option<u64> {
-        let found = Noted { cap: self.earliest(), outright: deadline.is_some() };
+    /// Queues an extension of the round that started `at` on `connection`, registered if it
+    /// sets the lease outright until `deadline`: its id (the next one's, if not). `None`
+    /// when a newer round was queued here already: sent now, it could land after that
+    /// round's requests, which did not count it.
+    fn queue(&mut self, at: Instant, deadline: Option<Instant>, connection: u64) -> Option<u64> {
+        if self.newest.is_some_and(|(newest, _)| newest > at) {
+            return None;
+        }
+        // One queued before on the same connection runs before this one: it bounds nothing.
+        let bound = (self.unanswered.iter())
+            .filter(|pending| pending.connection != connection)
+            .map(|pending| pending.deadline)
+            .min();
         self.newest = match self.newest {
             // The same round sent again (a new connection): both count.
-            Some((newest, noted)) if newest == at => Some((
-                at,
-                Noted {
-                    cap: min_of(noted.cap, found.cap),
-                    outright: noted.outright || found.outright,
-                },
-            )),
-            // A straggler of an earlier round: the newer one's note stays.
-            Some((newest, noted)) if newest > at => Some((newest, noted)),
-            _ => Some((at, found)),
+            Some((newest, earlier)) if newest == at => Some((at, min_of(earlier, bound))),
+            _ => Some((at, bound)),
         };
-        let deadline = deadline?;
         let id = self.next;
         self.next += 1;
-        self.unanswered.push((id, deadline));
+        if let Some(deadline) = deadline {
+            self.unanswered.push(Pending { id, deadline, connection });
+        }
         Some(id)
     }
 
-    fn answered(&mut self, id: u64) {
-        self.unanswered.retain(|&mut (other, _)| other != id);
+    /// The extension `id` on `connection` was answered: it ran, and so did every one queued
+    /// before it on that connection.
+    fn answered(&mut self, id: u64, connection: u64) {
+        self.unanswered.retain(|pending| pending.connection != connection || pending.id > id);
     }
 }
 
@@ -117,11 +117,13 @@ fn min_of(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
     }
 }
 
-/// An extension, as its route sees it: the start of its round, and the validity deadline
-/// it counts if it sets the lease outright.
+/// An extension, as its route sees it: the start of its round, the generation of the
+/// connection it goes out on, and the validity deadline it counts if it sets the lease
+/// outright.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Extension {
     pub(crate) at: Instant,
+    pub(crate) connection: u64,
     pub(crate) outright: Option<Instant>,
 }
 
@@ -226,11 +228,13 @@ impl<H: Clone> Route<H> {
         self.enqueue(Queue::Create(handle), send, answered).await
     }
 
-    /// Runs `send`, an extension, unless an undo of the hold was issued (`None` then), and
-    /// records nothing of it for the undo: an extension sets nothing where the key is gone,
-    /// so whichever of it and an undo runs first on a node, no key is left (and recorded,
-    /// one on another connection would move the undo away from a create not answered yet).
-    /// One that sets the lease outright is kept until `answered` says it was.
+    /// Runs `send`, an extension, unless an undo of the hold was issued or a newer round's
+    /// extension was queued on the node (`None` then), and records nothing of it for the
+    /// undo: an extension sets nothing where the key is gone, so whichever of it and an undo
+    /// runs first on a node, no key is left (and recorded, one on another connection would
+    /// move the undo away from a create not answered yet). What `answered` says was
+    /// answered ran, and so did the hold's outright extensions queued before it on its
+    /// connection; those not answered are kept (see [`Route::bound`]).
     pub(crate) async fn gate<F>(
         &self,
         send: F,
@@ -248,21 +252,18 @@ impl<H: Clone> Route<H> {
             && answered(&result)
             && let Some(mut entry) = self.lock()
         {
-            entry.outright.answered(id);
+            entry.outright.answered(id, extension.connection);
         }
         Some(result)
     }
 
-    /// What the extension round that started `at` found on the node (nothing if none of
-    /// its requests was queued there): the earliest deadline among the hold's outright
-    /// extensions not answered when its request was queued (one may land after it and set
-    /// the key to its own lease from then on).
-    pub(crate) fn noted(&self, at: Instant) -> Noted {
-        let Some(entry) = self.lock() else { return Noted::default() };
-        match entry.outright.newest {
-            Some((newest, noted)) if newest == at => noted,
-            _ => Noted::default(),
-        }
+    /// The most the extension round that started `at` counts on the node: the earliest
+    /// deadline among the hold's outright extensions on other connections not answered
+    /// when its request was queued there (one may land after it and set the key to its own
+    /// lease from then on); `None` for no bound (or no request of the round queued there).
+    pub(crate) fn bound(&self, at: Instant) -> Option<Instant> {
+        let entry = self.lock()?;
+        entry.outright.newest.filter(|&(newest, _)| newest == at).and_then(|(_, bound)| bound)
     }
 
     async fn enqueue<F>(
@@ -288,18 +289,21 @@ impl<H: Clone> Route<H> {
                 State::Unsent => 0,
                 State::Sent { in_flight, .. } => *in_flight,
             };
-            let polled = send.as_mut().poll(cx);
             match &mut queue {
                 Queue::Create(handle) => {
                     let handle = (*handle).clone();
                     entry.state = State::Sent { handle, in_flight: in_flight + 1 };
                 }
                 Queue::Extension(extension, id) => {
-                    **id = entry.outright.queue(extension.at, extension.outright);
+                    let Extension { at, outright, connection } = *extension;
+                    match entry.outright.queue(at, outright, connection) {
+                        Some(queued) => **id = Some(queued),
+                        None => return Poll::Ready(None),
+                    }
                 }
             }
             queued = true;
-            polled.map(Some)
+            send.as_mut().poll(cx).map(Some)
         })
         .await?;
         if matches!(queue, Queue::Create(_))
@@ -317,7 +321,7 @@ impl<H: Clone> Route<H> {
 enum Queue<'a, H> {
     /// A create, on this connection.
     Create(&'a H),
-    /// An extension; the id it was registered with if it sets the lease outright.
+    /// An extension; the id it was queued with.
     Extension(Extension, &'a mut Option<u64>),
 }
 
@@ -366,7 +370,7 @@ mod tests {
         let create = route.queue(&7, std::future::pending::<Answer>(), Result::is_ok);
         assert!(futures::FutureExt::now_or_never(create).is_none());
         // Answered on another connection: the undo still goes behind the create.
-        let scripted = scripted(crate::clock::now());
+        let scripted = scripted(crate::clock::now(), 1);
         assert_eq!(route.gate(async { Answer::Ok(1) }, scripted, Result::is_ok).await, Some(Ok(1)));
         let lost = route.gate(std::future::pending::<Answer>(), scripted, Result::is_ok);
         assert!(futures::FutureExt::now_or_never(lost).is_none());
@@ -384,57 +388,64 @@ mod tests {
         assert_eq!(routes.get(0).undo(), Undo::Behind(7));
     }
 
-    fn scripted(at: Instant) -> Extension {
-        Extension { at, outright: None }
+    /// An extension of the round that started `at`, on connection `on`.
+    fn scripted(at: Instant, on: u64) -> Extension {
+        Extension { at, connection: on, outright: None }
     }
 
-    fn outright(at: Instant, deadline: Instant) -> Extension {
-        Extension { at, outright: Some(deadline) }
+    fn outright(at: Instant, on: u64, deadline: Instant) -> Extension {
+        Extension { at, connection: on, outright: Some(deadline) }
     }
 
     #[tokio::test]
-    async fn an_unanswered_outright_extension_bounds_every_later_round_until_it_answers() {
+    async fn an_unanswered_outright_extension_bounds_later_rounds_on_other_connections() {
         let route = Routes::<u64>::new(1).get(0);
         let t0 = crate::clock::now();
         let (t1, t2, t3) = (t0 + ms(1), t0 + ms(2), t0 + ms(3));
-        // Sent at t0 to count until t0 + 5 s; its reply is lost with its connection.
-        let lost =
-            route.gate(async { Answer::Err(()) }, outright(t0, t0 + ms(5_000)), Result::is_ok);
+        let five = t0 + ms(5_000);
+        // Sent at t0 on connection 1 to count until t0 + 5 s; its reply is lost.
+        let lost = route.gate(async { Answer::Err(()) }, outright(t0, 1, five), Result::is_ok);
         assert_eq!(lost.await, Some(Err(())));
-        // A longer extension at t1, scripted or not: bounded by the lost one.
-        let longer = route.gate(async { Answer::Ok(1) }, scripted(t1), Result::is_ok);
+        // A longer extension at t1 on connection 2, scripted or not: bounded by it.
+        let longer = route.gate(async { Answer::Ok(1) }, scripted(t1, 2), Result::is_ok);
         assert_eq!(longer.await, Some(Ok(1)));
-        assert_eq!(route.noted(t1).cap, Some(t0 + ms(5_000)));
-        // One answered bounds nothing later: it ran before its answer.
+        assert_eq!(route.bound(t1), Some(five));
+        // On its own connection, queued after it: it ran first, and bounds nothing. Its
+        // answer says the lost one ran, too.
+        route.gate(async { Answer::Ok(1) }, scripted(t2, 1), Result::is_ok).await;
+        assert_eq!(route.bound(t2), None);
+        route.gate(async { Answer::Ok(1) }, scripted(t3, 2), Result::is_ok).await;
+        assert_eq!(route.bound(t3), None, "answered on its connection: it ran");
+        // One answered bounds nothing later, and only the newest round's bound is read.
         let route = Routes::<u64>::new(1).get(0);
-        let answered =
-            route.gate(async { Answer::Ok(1) }, outright(t0, t0 + ms(5_000)), Result::is_ok);
+        let answered = route.gate(async { Answer::Ok(1) }, outright(t0, 1, five), Result::is_ok);
         assert_eq!(answered.await, Some(Ok(1)));
-        route.gate(async { Answer::Ok(1) }, scripted(t2), Result::is_ok).await;
-        assert_eq!(route.noted(t2).cap, None);
-        // Only the newest round's note is read.
-        assert_eq!(route.noted(t3), Noted::default());
+        route.gate(async { Answer::Ok(1) }, scripted(t1, 2), Result::is_ok).await;
+        assert_eq!(route.bound(t1), None);
+        assert_eq!(route.bound(t2), None);
     }
 
     #[tokio::test]
-    async fn a_straggler_of_an_earlier_round_leaves_the_newer_rounds_bound() {
+    async fn an_extension_of_an_earlier_round_is_not_sent_after_a_newer_rounds() {
         let route = Routes::<u64>::new(1).get(0);
         let t0 = crate::clock::now();
         let (t1, t2) = (t0 + ms(1), t0 + ms(2));
-        let pending =
-            route.gate(std::future::pending::<Answer>(), outright(t0, t0 + ms(900)), Result::is_ok);
-        assert!(futures::FutureExt::now_or_never(pending).is_none());
-        route.gate(async { Answer::Ok(1) }, scripted(t2), Result::is_ok).await;
-        // Round t1's request, queued only now (its connect was slow).
-        route.gate(async { Answer::Ok(1) }, scripted(t1), Result::is_ok).await;
-        assert_eq!(route.noted(t2).cap, Some(t0 + ms(900)));
-        assert_eq!(route.noted(t1), Noted::default());
+        let pending = std::future::pending::<Answer>();
+        let held = route.gate(pending, outright(t0, 1, t0 + ms(900)), Result::is_ok);
+        assert!(futures::FutureExt::now_or_never(held).is_none());
+        route.gate(async { Answer::Ok(1) }, scripted(t2, 2), Result::is_ok).await;
+        assert_eq!(route.bound(t2), Some(t0 + ms(900)));
+        // Round t1's request, to be queued only now (its connect was slow): not sent, since
+        // round t2 did not count it.
+        let late = route.gate(async { Answer::Ok(1) }, outright(t1, 3, t0 + ms(50)), Result::is_ok);
+        assert_eq!(late.await, None);
+        assert_eq!(route.bound(t2), Some(t0 + ms(900)));
         // The same round sent again on a new connection: the earliest of both.
-        let again = route.gate(async { Answer::Ok(1) }, outright(t2, t0 + ms(800)), Result::is_ok);
+        let again =
+            route.gate(async { Answer::Err(()) }, outright(t2, 4, t0 + ms(800)), Result::is_ok);
         assert!(again.await.is_some());
-        route.gate(async { Answer::Ok(1) }, scripted(t2), Result::is_ok).await;
-        // The lost send's bound stays; the answered one adds none, but is noted as outright.
-        assert_eq!(route.noted(t2), Noted { cap: Some(t0 + ms(900)), outright: true });
+        route.gate(async { Answer::Ok(1) }, scripted(t2, 5), Result::is_ok).await;
+        assert_eq!(route.bound(t2), Some(t0 + ms(800)));
     }
 
     fn ms(n: u64) -> std::time::Duration {

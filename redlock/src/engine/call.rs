@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use crate::command::{Command, Resend};
 use crate::error::NodeOutcome;
-use crate::node::{Connected, Failure, Node, Reply};
+use crate::node::{Connected, Failure, Node, Renewal, Reply};
 use crate::telemetry;
 
 use super::Core;
@@ -88,6 +88,9 @@ impl NodeCall {
         // re-sends of its undos count on (a connect timeout, then a node timeout for a send
         // again on a new connection). Past it the create is not sent.
         let by = command.creates().then(|| at + timing::sent_within(connect_timeout, timeout));
+        // Read now, as the round begins: its claim counts from what the nodes were then.
+        let outright = node.refuses_scripts();
+        let renews = (op == Op::Extend).then_some(Renewal { at, outright });
         // Made before the future: a request dropped before its first poll settles too.
         let settle = SettleOnDrop::new(slot);
         async move {
@@ -119,7 +122,6 @@ impl NodeCall {
                 },
                 timeout,
                 |connected| {
-                    let renews = (op == Op::Extend).then_some(at);
                     let bounds = (by, route.as_ref(), also.as_ref(), renews);
                     node.send(&command, bounds, connected)
                 },

@@ -13,7 +13,7 @@ use crate::command::Command;
 use crate::config::Ttl;
 use crate::error::{Error, ErrorKind, NodeOutcome, Result};
 use crate::quorum::{self, Settled};
-use crate::route::{Noted, Routes};
+use crate::route::Routes;
 use crate::telemetry;
 use crate::timing;
 
@@ -307,6 +307,15 @@ impl<P: Protocol> Claim<P> {
         self.reach.cover(started_at, ttl);
         let command = Arc::new(self.proto.command(Op::Extend, &Args::lease(ttl)));
         let requests = self.everywhere(Op::Extend, &command, started_at);
+        let deadline = ttl.deadline(started_at);
+        // A node that refused scripts when the requests were made (read after them: that
+        // only ever turns on) may get one that sets the lease outright, and it may land
+        // whatever becomes of the round (a reply too late, this future dropped): from now
+        // the hold counts no more than this lease.
+        let outright = command.native().is_some_and(|native| native.outright().is_some());
+        if outright && self.core.nodes.iter().any(|node| node.refuses_scripts()) {
+            self.deadline = self.deadline.min(deadline);
+        }
         let (round, rest) =
             round::run(requests, started_at, quorum::settle_hold, &self.core.nodes).await;
         // Unanswered extensions renew the nodes that answer late; they set nothing where the
@@ -319,31 +328,29 @@ impl<P: Protocol> Claim<P> {
             self.lose();
             return Err(err);
         }
-        let deadline = ttl.deadline(started_at);
-        let noted: smallvec::SmallVec<[Noted; 8]> =
-            (0..self.core.nodes.len()).map(|i| self.routes.get(i).noted(started_at)).collect();
-        // Where it set the lease outright, on nodes that did not answer it may still land
-        // and set the key to it from then on: a failed one shortens the validity too.
-        if noted.iter().any(|noted| noted.outright) {
-            self.deadline = self.deadline.min(deadline);
-        }
         match round.settled {
             Settled::Reached => {
-                let renewed = (round.outcomes.iter().zip(&noted))
-                    .filter(|(outcome, _)| **outcome == NodeOutcome::Ok)
-                    .map(|(_, noted)| noted.cap);
-                match renewed_until(deadline, renewed, quorum::quorum(noted.len())) {
+                let renewed = (round.outcomes.iter().enumerate())
+                    .filter(|(_, outcome)| **outcome == NodeOutcome::Ok)
+                    .map(|(i, _)| self.routes.get(i).bound(started_at));
+                let quorum = quorum::quorum(self.core.nodes.len());
+                match renewed_until(deadline, renewed, quorum) {
                     Some(until) if until > round.decided_at => {
                         self.deadline = until;
                         self.ttl = ttl;
                         self.note_hold();
                         Ok(())
                     }
-                    _ => Err(self.round_error(
-                        ErrorKind::Expired,
-                        "the extension took the whole new lease",
-                        &round,
-                    )),
+                    until => {
+                        let message = match until {
+                            Some(until) if until < deadline => {
+                                "too many nodes keep the lease only as long as an earlier \
+                                 extension that may still land there: over already"
+                            }
+                            _ => "the extension took the whole new lease",
+                        };
+                        Err(self.round_error(ErrorKind::Expired, message, &round))
+                    }
                 }
             }
             Settled::Failed(kind) => {
@@ -715,8 +722,8 @@ impl Reach {
 }
 
 /// The validity deadline an extension round that reached its quorum counts: its own
-/// (`own`), or less where the nodes that renewed it (with what each noted when its request
-/// was queued, see [`crate::route::Noted::cap`]) cannot all keep it that long; the latest
+/// (`own`), or less where the nodes that renewed it (with each one's bound, see
+/// [`crate::route::Route::bound`]) cannot all keep it that long; the latest
 /// that `quorum` of them keep. `None` if fewer than `quorum` renewed it.
 fn renewed_until(
     own: Instant,

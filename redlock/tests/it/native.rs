@@ -294,6 +294,55 @@ async fn a_user_without_scripting_runs_the_plain_lock_where_the_server_has_nativ
     drop((waiter, short));
 }
 
+/// The README's unscripted line (with the waiting line) is enough for the plain lock on
+/// Valkey 9, with no script: lock, extend, check, wait for another client's release, and
+/// `with_lock` auto-extended; each of its rules is needed. Other servers refuse the line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readmes_unscripted_rules_are_enough_for_the_plain_lock_on_valkey() {
+    let cluster = common::cluster(3);
+    if !Server::of(&cluster).has_delifeq() {
+        return;
+    }
+    let rules = common::readme_acls(&["unscripted", "waiting"]);
+    let rl = builder_as(&cluster, "lean", &rules).ttl(Duration::from_secs(1)).build().unwrap();
+    let mut lock = rl.try_lock("k").await.unwrap();
+    lock.extend(Duration::from_secs(2)).await.unwrap();
+    assert!(lock.check_held().await.unwrap());
+    let waiter = builder_as(&cluster, "lean", &rules)
+        .retry(redlock::Retry::new().with_max_wait(Duration::from_secs(5)))
+        .build()
+        .unwrap();
+    let waiting = tokio::spawn(async move { waiter.lock("k").await.map(|lock| (waiter, lock)) });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    lock.release().await.unwrap();
+    let (waiter, next) = waiting.await.unwrap().unwrap();
+    next.release().await.unwrap();
+    let work = |_| async {
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        "done"
+    };
+    assert_eq!(rl.with_lock("w", work).await.unwrap(), "done");
+    common::none_match_everywhere(&cluster, "app:*", "released").await;
+    assert_eq!(counts(&cluster, &["eval", "evalsha"]), vec![vec![0, 0]; 3], "no script ran");
+    drop(waiter);
+    // Each command rule is needed by one of those (`+publish` tells the waiters: without
+    // it they poll, as with the locking line).
+    for dropped in ["+get", "+set", "+delifeq"] {
+        assert!(rules.contains(&dropped));
+        let fewer: Vec<&str> = rules.iter().copied().filter(|rule| *rule != dropped).collect();
+        let user = format!("lean-{}", &dropped[1..]);
+        let rl = builder_as(&cluster, &user, &fewer).build().unwrap();
+        let tried = async {
+            let mut lock = rl.try_lock(&user).await?;
+            lock.extend(Duration::from_secs(2)).await?;
+            lock.check_held().await?;
+            lock.release().await
+        };
+        let err = tried.await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Denied, "{dropped}: {err}");
+    }
+}
+
 /// A quorum whose nodes differ in what the user may run: one node lets it run scripts,
 /// two do not. Each node gets its own form (the scripts there, the native commands on the
 /// others), and the lock works as on uniform nodes.
@@ -428,4 +477,131 @@ async fn a_node_that_refused_the_script_preload_is_not_asked_again_on_a_new_conn
     // Answered on the new connections: whatever went before on them has run.
     let _ = rl.try_lock("k").await.map(drop);
     assert_eq!(refused(), first, "not asked again");
+}
+
+/// Three Valkey nodes behind proxies, with the user `unscripted` (no scripting) on each:
+/// the proxies' URLs for it.
+fn unscripted_behind_proxies() -> (redlock_testkit::FaultyCluster, Vec<String>) {
+    let faulty = redlock_testkit::FaultyCluster::start(3).unwrap();
+    let urls = (faulty.cluster().nodes().iter().enumerate())
+        .map(|(i, node)| {
+            node.acl_setuser("unscripted", PASSWORD, &WITHOUT_SCRIPTING).unwrap();
+            let direct = node.url_as("unscripted", PASSWORD);
+            let port = format!(":{}", node.port());
+            direct.replace(&port, &format!(":{}", faulty.proxy(i).port()))
+        })
+        .collect();
+    (faulty, urls)
+}
+
+/// A client of `urls` (prefix `app:`, one attempt) with a lease of `ttl` and a node
+/// timeout of `node_timeout`.
+fn unscripted_client(urls: Vec<String>, ttl: Duration, node_timeout: Duration) -> Redlock {
+    Redlock::builder()
+        .nodes(urls)
+        .key_prefix("app:")
+        .ttl(ttl)
+        .node_timeout(node_timeout)
+        .connect_timeout(Duration::from_secs(5))
+        .retry(redlock::Retry::never())
+        .build()
+        .unwrap()
+}
+
+/// Whether another client, straight to the nodes, gets `app:k` now.
+async fn another_client_gets_it(cluster: &Cluster) -> bool {
+    let other = common::builder_for(cluster.urls(), Duration::from_millis(200))
+        .key_prefix("app:")
+        .build()
+        .unwrap();
+    other.try_lock("k").await.is_ok()
+}
+
+/// An outright extension to a shorter lease whose future is dropped mid-round (a timeout
+/// around `extend`) still lands: the hold counts no more than its lease from the moment
+/// it was sent, so another client granted once those keys expire never overlaps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outright_extension_dropped_mid_round_bounds_the_validity_all_the_same() {
+    let (faulty, urls) = unscripted_behind_proxies();
+    if !Server::of(faulty.cluster()).has_set_ifeq() {
+        return;
+    }
+    let rl = unscripted_client(urls, Duration::from_secs(30), Duration::from_secs(1));
+    let mut lock = rl.try_lock("k").await.unwrap();
+    for i in 0..3 {
+        faulty.proxy(i).hold_requests_containing(b"IFEQ", Duration::from_millis(300));
+    }
+    let started = std::time::Instant::now();
+    let extend = lock.extend(Duration::from_secs(2));
+    assert!(tokio::time::timeout(Duration::from_millis(100), extend).await.is_err());
+    assert!(lock.deadline() <= started + Duration::from_secs(2), "{:?}", lock.validity());
+    tokio::time::sleep(Duration::from_millis(2_600)).await;
+    let granted = another_client_gets_it(faulty.cluster()).await;
+    assert!(granted, "the dropped extension landed: the keys expired");
+    assert!(!lock.is_valid(), "two holders: {:?} left", lock.validity());
+}
+
+/// A request of an earlier extension round still on its way (its connection slow to open)
+/// when a newer round was queued on the node is not sent: it could land after the newer
+/// round's, which did not count it, and cut it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_earlier_rounds_extension_is_not_sent_after_a_newer_rounds() {
+    let (faulty, urls) = unscripted_behind_proxies();
+    if !Server::of(faulty.cluster()).has_set_ifeq() {
+        return;
+    }
+    let rl = unscripted_client(urls, Duration::from_secs(10), Duration::from_millis(300));
+    // Taken on the client's own connections.
+    let (_rl, mut lock) = common::on_short_runtime(async move {
+        let lock = rl.try_lock("k").await.unwrap();
+        (rl, lock)
+    });
+    // This runtime's connection to node 2 takes 1.5 s to open (its INFO held).
+    faulty.proxy(2).hold_requests_containing(b"$4\r\nINFO", Duration::from_millis(1_500));
+    let started = std::time::Instant::now();
+    lock.extend(Duration::from_secs(3)).await.unwrap();
+    // A newer round from the client's own connections; node 0 holds it past its timeout.
+    faulty.proxy(0).hold_requests_containing(b"IFEQ", Duration::from_secs(30));
+    let (lock, newer) = common::on_short_runtime(async move {
+        let mut lock = lock;
+        let newer = lock.extend(Duration::from_secs(60)).await;
+        (lock, newer)
+    });
+    newer.unwrap();
+    // The first round's request to node 2 would be queued now, and land after the newer.
+    tokio::time::sleep(Duration::from_millis(5_500).saturating_sub(started.elapsed())).await;
+    let pttl = common::pttl(faulty.cluster(), 2, "app:k");
+    assert!(pttl > 50_000, "node 2: {pttl} ms left: the earlier round's extension cut it");
+    let granted = another_client_gets_it(faulty.cluster()).await;
+    assert!(!(granted && lock.is_valid()), "two holders at once");
+    drop(lock);
+}
+
+/// One extension round slowed past its node timeout on two nodes of three bounds only the
+/// rounds that could run before it there: once a later extension on the same connection
+/// has answered, it ran, and the hold extends to its whole lease again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_outright_round_bounds_the_hold_only_until_its_connection_answers_again() {
+    let (faulty, urls) = unscripted_behind_proxies();
+    if !Server::of(faulty.cluster()).has_set_ifeq() {
+        return;
+    }
+    let rl = unscripted_client(urls, Duration::from_secs(3), Duration::from_millis(300));
+    let mut lock = rl.try_lock("k").await.unwrap();
+    for i in 0..2 {
+        faulty.proxy(i).hold_requests_containing(b"IFEQ", Duration::from_millis(800));
+    }
+    let slow = lock.extend(Duration::from_secs(3)).await.unwrap_err();
+    assert_eq!(slow.kind(), ErrorKind::Unavailable, "{slow}");
+    for i in 0..2 {
+        faulty.proxy(i).release_holds();
+    }
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    for round in 0..4 {
+        lock.extend(Duration::from_secs(3)).await.unwrap();
+        let left = lock.validity();
+        assert!(left > Duration::from_millis(2_500), "round {round}: {left:?} left");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    lock.release().await.unwrap();
 }

@@ -97,6 +97,9 @@ pub struct FuzzConfig {
     pub kinds: Vec<FuzzKind>,
     /// Give the clients disjoint node subsets, so that the checks must fire.
     pub broken_quorum: bool,
+    /// Clients log in as a user the nodes refuse scripts (on Valkey 9, the plain lock then
+    /// runs native commands only, extensions that set the lease outright included).
+    pub unscripted: bool,
     /// Run only this schedule (a replay).
     pub only: Option<usize>,
 }
@@ -110,6 +113,7 @@ impl FuzzConfig {
             seed,
             kinds: FuzzKind::ALL.to_vec(),
             broken_quorum: false,
+            unscripted: false,
             only: None,
         }
     }
@@ -168,6 +172,8 @@ fn network(seed: u64) -> Fuzz {
 }
 
 const NODES: usize = 3;
+/// The name and password of the user without scripting (`FuzzConfig::unscripted`).
+const UNSCRIPTED: &str = "unscripted";
 const BROKEN_NODES: usize = 4;
 /// Clients with proxies of their own: the counting lock's schedules use all of them, the
 /// other kinds two or three.
@@ -185,9 +191,25 @@ pub async fn fuzz(config: &FuzzConfig) -> FuzzReport {
     for client in 0..CLIENTS {
         faulty.fuzz_client(client, network(config.seed.wrapping_add(client as u64 * 7919)));
     }
+    if config.unscripted {
+        for node in faulty.cluster().nodes() {
+            let rules = ["+@all", "-@scripting", "~*", "&*"];
+            node.acl_setuser(UNSCRIPTED, UNSCRIPTED, &rules)
+                .unwrap_or_else(|err| panic!("cannot set up the unscripted user: {err}"));
+        }
+    }
     let urls: Vec<Vec<String>> = (0..CLIENTS)
         .map(|client| {
-            let all = faulty.urls_for(client);
+            let all = match config.unscripted {
+                false => faulty.urls_for(client),
+                true => (faulty.cluster().nodes().iter().enumerate())
+                    .map(|(i, node)| {
+                        let direct = node.url_as(UNSCRIPTED, UNSCRIPTED);
+                        let proxy = faulty.client_proxy(client, i).port();
+                        direct.replace(&format!(":{}", node.port()), &format!(":{proxy}"))
+                    })
+                    .collect(),
+            };
             if config.broken_quorum {
                 // Clients 0 and 2 see nodes 0 and 1, clients 1 and 3 nodes 2 and 3: each
                 // believes these are all the nodes, and two quorums need not meet.

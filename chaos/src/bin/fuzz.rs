@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo run --release -p redlock-chaos --bin fuzz [-- --schedules 2000] [--seed N]
-//!     [--only INDEX] [--broken-quorum] [--kinds plain,semaphore,...]
+//!     [--only INDEX] [--broken-quorum] [--unscripted] [--kinds plain,semaphore,...]
 //! ```
 
 use redlock_chaos::{FuzzConfig, FuzzKind, fuzz};
@@ -15,6 +15,7 @@ async fn main() {
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--broken-quorum" => config.broken_quorum = true,
+            "--unscripted" => config.unscripted = true,
             "--schedules" => config.schedules = number(args.next()),
             "--seed" => config.seed = number(args.next()) as u64,
             "--only" => config.only = Some(number(args.next())),
@@ -59,7 +60,7 @@ fn usage() -> ! {
     let names: Vec<&str> = FuzzKind::ALL.iter().map(|kind| kind.name()).collect();
     eprintln!(
         "usage: fuzz [--schedules N] [--seed N] [--only INDEX] [--parallel N] [--broken-quorum] \
-         [--kinds {}]",
+         [--unscripted] [--kinds {}]",
         names.join(",")
     );
     std::process::exit(2)

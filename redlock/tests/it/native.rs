@@ -253,6 +253,23 @@ async fn a_user_without_scripting_runs_the_plain_lock_where_the_server_has_nativ
             Err(err) => err,
         };
         assert!(is_told_the_rules(&err), "{err}");
+        // The same steps with the README's locking and waiting lines: the scripted path.
+        let rules = common::readme_acls(&["locking", "waiting"]);
+        let scripted = builder_as(&cluster, "scripted", &rules).ttl(Duration::from_secs(1));
+        let rl = scripted.build().unwrap();
+        let mut lock = rl.try_lock("s").await.unwrap();
+        lock.extend(Duration::from_secs(2)).await.unwrap();
+        assert!(lock.check_held().await.unwrap());
+        lock.release().await.unwrap();
+        let work = |_| async {
+            tokio::time::sleep(Duration::from_millis(1_500)).await;
+            7
+        };
+        assert_eq!(rl.with_lock("w", work).await.unwrap(), 7);
+        // (The refused user's `app:k`, where its acquisition was native, expires.)
+        common::gone_everywhere(&cluster, &["app:s", "app:w"], "released").await;
+        let scripts = counts(&cluster, &["evalsha"]);
+        assert!(scripts.iter().all(|node| node[0] > 0), "scripted: {scripts:?}");
         return;
     }
     let mut lock = rl.try_lock("k").await.unwrap();

@@ -35,7 +35,7 @@ use crate::denied;
 use crate::error::NodeOutcome;
 use crate::native::{self, Native, Offers};
 use crate::quarantine;
-use crate::route::{Extension, Route};
+use crate::route::{Extension, Fate, Route};
 use crate::server;
 use crate::tasks::Tasks;
 
@@ -871,9 +871,16 @@ impl Node {
             (None, _) => Some(send.await),
             (Some(route), _) if !bound.records => {
                 let at = bound.renews.map_or_else(crate::clock::now, |renewal| renewal.at);
-                let outright = bound.outright.map(|ttl| ttl.deadline(at));
+                let outright = bound.outright.map(|ttl| ttl.duration() - ttl.drift());
                 let extension = Extension { at, connection: handle.generation, outright };
-                route.gate(send, extension, answered).await
+                fn fate((sent, at_once): &(RedisResult<Value>, bool)) -> Fate {
+                    match sent {
+                        Ok(_) => Fate::Ran,
+                        Err(_) if *at_once => Fate::Unsent,
+                        Err(_) => Fate::Unknown,
+                    }
+                }
+                route.gate(send, extension, fate).await
             }
             (Some(route), None) => route.queue(&recorded(), send, answered).await,
             // Not recorded on the wait's route either when its own refuses it.

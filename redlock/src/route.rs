@@ -16,15 +16,16 @@
 //!
 //! A route also keeps the hold's extensions that set the lease outright (`SET ... IFEQ
 //! ... PX`, where the node refuses scripts) until the node answers them: one may still
-//! land after any later extension and set the key to its own lease from then on. So each
-//! extension notes, as it is queued, the earliest validity deadline among those, and its
-//! round counts no more than that on the node (see [`Route::bound`]).
+//! land after any later extension on another connection and set the key to its own lease
+//! from then on (from after that extension ran, so after its round began). So each
+//! extension notes, as it is queued, the shortest lease among those, and its round counts
+//! no longer than that from its start on the node (see [`Route::bound`]).
 
 use std::future::Future;
 use std::pin::pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::Poll;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::node::Handle;
 
@@ -62,33 +63,33 @@ struct Outright {
     unanswered: smallvec::SmallVec<[Pending; 2]>,
     /// The newest extension round queued here: its start and its bound (see
     /// [`Route::bound`]).
-    newest: Option<(Instant, Option<Instant>)>,
+    newest: Option<(Instant, Option<Duration>)>,
 }
 
 /// An outright extension not answered.
 #[derive(Clone, Copy)]
 struct Pending {
     id: u64,
-    /// The validity deadline it counts: its round's start plus its lease, less its drift
-    /// allowance. Where it lands, the key lives at least that long.
-    deadline: Instant,
+    /// Its lease less its drift allowance: where it lands, the key lives at least that long
+    /// from then on.
+    lasts: Duration,
     /// Its connection's generation: what is queued after it there runs after it.
     connection: u64,
 }
 
 impl Outright {
     /// Queues an extension of the round that started `at` on `connection`, registered if it
-    /// sets the lease outright until `deadline`: its id (the next one's, if not). `None`
+    /// sets the lease outright for `lasts`: its id (the next one's, if not). `None`
     /// when a newer round was queued here already: sent now, it could land after that
     /// round's requests, which did not count it.
-    fn queue(&mut self, at: Instant, deadline: Option<Instant>, connection: u64) -> Option<u64> {
+    fn queue(&mut self, at: Instant, lasts: Option<Duration>, connection: u64) -> Option<u64> {
         if self.newest.is_some_and(|(newest, _)| newest > at) {
             return None;
         }
         // One queued before on the same connection runs before this one: it bounds nothing.
         let bound = (self.unanswered.iter())
             .filter(|pending| pending.connection != connection)
-            .map(|pending| pending.deadline)
+            .map(|pending| pending.lasts)
             .min();
         self.newest = match self.newest {
             // The same round sent again (a new connection): both count.
@@ -97,20 +98,36 @@ impl Outright {
         };
         let id = self.next;
         self.next += 1;
-        if let Some(deadline) = deadline {
-            self.unanswered.push(Pending { id, deadline, connection });
+        if let Some(lasts) = lasts {
+            self.unanswered.push(Pending { id, lasts, connection });
         }
         Some(id)
     }
 
-    /// The extension `id` on `connection` was answered: it ran, and so did every one queued
-    /// before it on that connection.
-    fn answered(&mut self, id: u64, connection: u64) {
-        self.unanswered.retain(|pending| pending.connection != connection || pending.id > id);
+    /// What became of the extension `id` on `connection`: it ran, and so did every one
+    /// queued before it there; or it was refused unwritten (a closed connection), and only
+    /// it is known not to run.
+    fn settled(&mut self, id: u64, connection: u64, fate: Fate) {
+        match fate {
+            Fate::Ran => self.unanswered.retain(|p| p.connection != connection || p.id > id),
+            Fate::Unsent => self.unanswered.retain(|pending| pending.id != id),
+            Fate::Unknown => {}
+        }
     }
 }
 
-fn min_of(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+/// What became of a request, as far as its node running it goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fate {
+    /// The node answered it: it ran.
+    Ran,
+    /// It was refused before anything was written: it never runs.
+    Unsent,
+    /// It may have run, or may still.
+    Unknown,
+}
+
+fn min_of(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
     match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
@@ -118,13 +135,13 @@ fn min_of(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
 }
 
 /// An extension, as its route sees it: the start of its round, the generation of the
-/// connection it goes out on, and the validity deadline it counts if it sets the lease
-/// outright.
+/// connection it goes out on, and, if it sets the lease outright, its lease less its drift
+/// allowance.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Extension {
     pub(crate) at: Instant,
     pub(crate) connection: u64,
-    pub(crate) outright: Option<Instant>,
+    pub(crate) outright: Option<Duration>,
 }
 
 /// A hold's routes, one per node, in one allocation.
@@ -232,14 +249,14 @@ impl<H: Clone> Route<H> {
     /// extension was queued on the node (`None` then), and records nothing of it for the
     /// undo: an extension sets nothing where the key is gone, so whichever of it and an undo
     /// runs first on a node, no key is left (and recorded, one on another connection would
-    /// move the undo away from a create not answered yet). What `answered` says was
-    /// answered ran, and so did the hold's outright extensions queued before it on its
-    /// connection; those not answered are kept (see [`Route::bound`]).
+    /// move the undo away from a create not answered yet). What `fate` says ran did, and so
+    /// did the hold's outright extensions queued before it on its connection; those not
+    /// answered are kept (see [`Route::bound`]).
     pub(crate) async fn gate<F>(
         &self,
         send: F,
         extension: Extension,
-        answered: fn(&F::Output) -> bool,
+        fate: fn(&F::Output) -> Fate,
     ) -> Option<F::Output>
     where
         H: Send + Sync,
@@ -249,19 +266,19 @@ impl<H: Clone> Route<H> {
         let mut id = None;
         let result = self.enqueue(Queue::Extension(extension, &mut id), send, |_| false).await?;
         if let Some(id) = id
-            && answered(&result)
             && let Some(mut entry) = self.lock()
         {
-            entry.outright.answered(id, extension.connection);
+            entry.outright.settled(id, extension.connection, fate(&result));
         }
         Some(result)
     }
 
-    /// The most the extension round that started `at` counts on the node: the earliest
-    /// deadline among the hold's outright extensions on other connections not answered
-    /// when its request was queued there (one may land after it and set the key to its own
-    /// lease from then on); `None` for no bound (or no request of the round queued there).
-    pub(crate) fn bound(&self, at: Instant) -> Option<Instant> {
+    /// The most the extension round that started `at` counts on the node, from its start:
+    /// the shortest lease (less its drift allowance) among the hold's outright extensions
+    /// on other connections not answered when its request was queued there (one may land
+    /// after it ran, so after the round began, and set the key to its own lease from then
+    /// on); `None` for no bound (or no request of the round queued there).
+    pub(crate) fn bound(&self, at: Instant) -> Option<Duration> {
         let entry = self.lock()?;
         entry.outright.newest.filter(|&(newest, _)| newest == at).and_then(|(_, bound)| bound)
     }
@@ -371,11 +388,11 @@ mod tests {
         assert!(futures::FutureExt::now_or_never(create).is_none());
         // Answered on another connection: the undo still goes behind the create.
         let scripted = scripted(crate::clock::now(), 1);
-        assert_eq!(route.gate(async { Answer::Ok(1) }, scripted, Result::is_ok).await, Some(Ok(1)));
-        let lost = route.gate(std::future::pending::<Answer>(), scripted, Result::is_ok);
+        assert_eq!(route.gate(async { Answer::Ok(1) }, scripted, ran).await, Some(Ok(1)));
+        let lost = route.gate(std::future::pending::<Answer>(), scripted, ran);
         assert!(futures::FutureExt::now_or_never(lost).is_none());
         assert_eq!(route.undo(), Undo::Behind(7));
-        assert_eq!(route.gate(async { Answer::Ok(1) }, scripted, Result::is_ok).await, None);
+        assert_eq!(route.gate(async { Answer::Ok(1) }, scripted, ran).await, None);
     }
 
     #[tokio::test]
@@ -393,8 +410,12 @@ mod tests {
         Extension { at, connection: on, outright: None }
     }
 
-    fn outright(at: Instant, on: u64, deadline: Instant) -> Extension {
-        Extension { at, connection: on, outright: Some(deadline) }
+    fn outright(at: Instant, on: u64, lasts: Duration) -> Extension {
+        Extension { at, connection: on, outright: Some(lasts) }
+    }
+
+    fn ran(answer: &Answer) -> Fate {
+        if answer.is_ok() { Fate::Ran } else { Fate::Unknown }
     }
 
     #[tokio::test]
@@ -402,27 +423,35 @@ mod tests {
         let route = Routes::<u64>::new(1).get(0);
         let t0 = crate::clock::now();
         let (t1, t2, t3) = (t0 + ms(1), t0 + ms(2), t0 + ms(3));
-        let five = t0 + ms(5_000);
-        // Sent at t0 on connection 1 to count until t0 + 5 s; its reply is lost.
-        let lost = route.gate(async { Answer::Err(()) }, outright(t0, 1, five), Result::is_ok);
+        // Sent at t0 on connection 1 for 5 s; its reply is lost.
+        let lost = route.gate(async { Answer::Err(()) }, outright(t0, 1, ms(5_000)), ran);
         assert_eq!(lost.await, Some(Err(())));
-        // A longer extension at t1 on connection 2, scripted or not: bounded by it.
-        let longer = route.gate(async { Answer::Ok(1) }, scripted(t1, 2), Result::is_ok);
+        // A longer extension at t1 on connection 2, scripted or not: bounded by it, from t1.
+        let longer = route.gate(async { Answer::Ok(1) }, scripted(t1, 2), ran);
         assert_eq!(longer.await, Some(Ok(1)));
-        assert_eq!(route.bound(t1), Some(five));
+        assert_eq!(route.bound(t1), Some(ms(5_000)));
         // On its own connection, queued after it: it ran first, and bounds nothing. Its
         // answer says the lost one ran, too.
-        route.gate(async { Answer::Ok(1) }, scripted(t2, 1), Result::is_ok).await;
+        route.gate(async { Answer::Ok(1) }, scripted(t2, 1), ran).await;
         assert_eq!(route.bound(t2), None);
-        route.gate(async { Answer::Ok(1) }, scripted(t3, 2), Result::is_ok).await;
+        route.gate(async { Answer::Ok(1) }, scripted(t3, 2), ran).await;
         assert_eq!(route.bound(t3), None, "answered on its connection: it ran");
         // One answered bounds nothing later, and only the newest round's bound is read.
         let route = Routes::<u64>::new(1).get(0);
-        let answered = route.gate(async { Answer::Ok(1) }, outright(t0, 1, five), Result::is_ok);
+        let answered = route.gate(async { Answer::Ok(1) }, outright(t0, 1, ms(5_000)), ran);
         assert_eq!(answered.await, Some(Ok(1)));
-        route.gate(async { Answer::Ok(1) }, scripted(t1, 2), Result::is_ok).await;
+        route.gate(async { Answer::Ok(1) }, scripted(t1, 2), ran).await;
         assert_eq!(route.bound(t1), None);
         assert_eq!(route.bound(t2), None);
+        // One refused unwritten (its connection was closed) never runs: it bounds nothing,
+        // and says nothing of what went before it there.
+        let route = Routes::<u64>::new(1).get(0);
+        let held = route.gate(std::future::pending::<Answer>(), outright(t0, 1, ms(900)), ran);
+        assert!(futures::FutureExt::now_or_never(held).is_none());
+        let unsent = |_: &Answer| Fate::Unsent;
+        route.gate(async { Answer::Err(()) }, outright(t1, 1, ms(800)), unsent).await;
+        route.gate(async { Answer::Ok(1) }, scripted(t2, 2), ran).await;
+        assert_eq!(route.bound(t2), Some(ms(900)));
     }
 
     #[tokio::test]
@@ -430,25 +459,23 @@ mod tests {
         let route = Routes::<u64>::new(1).get(0);
         let t0 = crate::clock::now();
         let (t1, t2) = (t0 + ms(1), t0 + ms(2));
-        let pending = std::future::pending::<Answer>();
-        let held = route.gate(pending, outright(t0, 1, t0 + ms(900)), Result::is_ok);
+        let held = route.gate(std::future::pending::<Answer>(), outright(t0, 1, ms(900)), ran);
         assert!(futures::FutureExt::now_or_never(held).is_none());
-        route.gate(async { Answer::Ok(1) }, scripted(t2, 2), Result::is_ok).await;
-        assert_eq!(route.bound(t2), Some(t0 + ms(900)));
+        route.gate(async { Answer::Ok(1) }, scripted(t2, 2), ran).await;
+        assert_eq!(route.bound(t2), Some(ms(900)));
         // Round t1's request, to be queued only now (its connect was slow): not sent, since
         // round t2 did not count it.
-        let late = route.gate(async { Answer::Ok(1) }, outright(t1, 3, t0 + ms(50)), Result::is_ok);
+        let late = route.gate(async { Answer::Ok(1) }, outright(t1, 3, ms(50)), ran);
         assert_eq!(late.await, None);
-        assert_eq!(route.bound(t2), Some(t0 + ms(900)));
-        // The same round sent again on a new connection: the earliest of both.
-        let again =
-            route.gate(async { Answer::Err(()) }, outright(t2, 4, t0 + ms(800)), Result::is_ok);
+        assert_eq!(route.bound(t2), Some(ms(900)));
+        // The same round sent again on a new connection: the shortest of both.
+        let again = route.gate(async { Answer::Err(()) }, outright(t2, 4, ms(800)), ran);
         assert!(again.await.is_some());
-        route.gate(async { Answer::Ok(1) }, scripted(t2, 5), Result::is_ok).await;
-        assert_eq!(route.bound(t2), Some(t0 + ms(800)));
+        route.gate(async { Answer::Ok(1) }, scripted(t2, 5), ran).await;
+        assert_eq!(route.bound(t2), Some(ms(800)));
     }
 
-    fn ms(n: u64) -> std::time::Duration {
-        std::time::Duration::from_millis(n)
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
     }
 }

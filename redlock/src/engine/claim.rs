@@ -332,7 +332,7 @@ impl<P: Protocol> Claim<P> {
             Settled::Reached => {
                 let renewed = (round.outcomes.iter().enumerate())
                     .filter(|(_, outcome)| **outcome == NodeOutcome::Ok)
-                    .map(|(i, _)| self.routes.get(i).bound(started_at));
+                    .map(|(i, _)| self.routes.get(i).bound(started_at).map(|b| started_at + b));
                 let quorum = quorum::quorum(self.core.nodes.len());
                 match renewed_until(deadline, renewed, quorum) {
                     Some(until) if until > round.decided_at => {

@@ -393,8 +393,9 @@ async fn a_quorum_of_scripted_and_unscripted_nodes_runs_each_nodes_own_form() {
 /// 5 s, held back on two nodes of three past its node timeout, fails; one to 60 s from
 /// another runtime's connection then runs first there, and the held one lands after it and
 /// cuts it to 5 s. Neither counts past what a quorum keeps: the failed one shortens the
-/// validity to its own lease, and the longer one counts no more than the held one leaves,
-/// so another client granted once the cut keys expire never overlaps the hold.
+/// validity to its own lease, and the longer one counts, from its own start, no longer
+/// than the held one's lease, so another client granted once the cut keys expire never
+/// overlaps the hold.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outright_extension_that_may_still_land_bounds_the_later_ones() {
     let faulty = redlock_testkit::FaultyCluster::start(3).unwrap();
@@ -438,7 +439,9 @@ async fn an_outright_extension_that_may_still_land_bounds_the_later_ones() {
         faulty.proxy(i).release_holds();
     }
     lock.extend(Duration::from_secs(60)).await.unwrap();
-    assert!(lock.deadline() <= five, "{:?} left: more than a quorum keeps", lock.validity());
+    // Counted from its own start, no longer than the held one's lease.
+    let bound = std::time::Instant::now() + Duration::from_secs(5);
+    assert!(lock.deadline() <= bound, "{:?} left: more than a quorum keeps", lock.validity());
     // The held ones land and cut the longer lease.
     tokio::time::sleep(held).await;
     let cut = (0..2).filter(|&i| common::pttl(cluster, i, "app:k") < 5_000).count();
@@ -619,6 +622,37 @@ async fn a_slow_outright_round_bounds_the_hold_only_until_its_connection_answers
         let left = lock.validity();
         assert!(left > Duration::from_millis(2_500), "round {round}: {left:?} left");
         tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    lock.release().await.unwrap();
+}
+
+/// Extensions at the lock's own lease are bounded by nothing an earlier one at that lease
+/// left unanswered (landing after them, it sets the key to that lease from later still): a
+/// round held past its timeout on every node, then every connection reset (the held
+/// requests never arrive, nor will any answer on their connections), and the hold goes on
+/// extending to its whole lease on the new connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extensions_at_the_locks_lease_go_on_after_a_lost_round_and_a_reset() {
+    let (faulty, urls) = unscripted_behind_proxies();
+    if !Server::of(faulty.cluster()).has_set_ifeq() {
+        return;
+    }
+    let rl = unscripted_client(urls, Duration::from_secs(4), Duration::from_millis(300));
+    let mut lock = rl.try_lock("k").await.unwrap();
+    for i in 0..3 {
+        faulty.proxy(i).hold_requests_containing(b"IFEQ", Duration::from_secs(5));
+    }
+    let lost = lock.extend(Duration::from_secs(4)).await.unwrap_err();
+    assert_eq!(lost.kind(), ErrorKind::Unavailable, "{lost}");
+    for i in 0..3 {
+        faulty.proxy(i).release_holds();
+        faulty.proxy(i).reset_connections();
+    }
+    for round in 0..6 {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        lock.extend(Duration::from_secs(4)).await.unwrap();
+        let left = lock.validity();
+        assert!(left > Duration::from_millis(3_500), "round {round}: {left:?} left");
     }
     lock.release().await.unwrap();
 }

@@ -872,7 +872,7 @@ impl Node {
             (Some(route), _) if !bound.records => {
                 let at = bound.renews.map_or_else(crate::clock::now, |renewal| renewal.at);
                 let outright = bound.outright.map(|ttl| ttl.duration() - ttl.drift());
-                let extension = Extension { at, connection: handle.generation, outright };
+                let extension = Extension { at, outright };
                 fn fate((sent, at_once): &(RedisResult<Value>, bool)) -> Fate {
                     match sent {
                         Ok(_) => Fate::Ran,

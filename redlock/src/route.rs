@@ -16,10 +16,12 @@
 //!
 //! A route also keeps the hold's extensions that set the lease outright (`SET ... IFEQ
 //! ... PX`, where the node refuses scripts) until the node answers them: one may still
-//! land after any later extension on another connection and set the key to its own lease
-//! from then on (from after that extension ran, so after its round began). So each
-//! extension notes, as it is queued, the shortest lease among those, and its round counts
-//! no longer than that from its start on the node (see [`Route::bound`]).
+//! land after any later extension and set the key to its own lease from then on (from
+//! after that extension ran, so after its round began). So each extension notes, as it is
+//! queued, the shortest lease among those, and its round counts no longer than that from
+//! its start on the node (see [`Route::bound`]). Not even one on the same connection is
+//! left out: a connection's requests go out in the order they were queued only while its
+//! driver has room for them.
 
 use std::future::Future;
 use std::pin::pin;
@@ -73,24 +75,18 @@ struct Pending {
     /// Its lease less its drift allowance: where it lands, the key lives at least that long
     /// from then on.
     lasts: Duration,
-    /// Its connection's generation: what is queued after it there runs after it.
-    connection: u64,
 }
 
 impl Outright {
-    /// Queues an extension of the round that started `at` on `connection`, registered if it
+    /// Queues an extension of the round that started `at`, registered if it
     /// sets the lease outright for `lasts`: its id (the next one's, if not). `None`
     /// when a newer round was queued here already: sent now, it could land after that
     /// round's requests, which did not count it.
-    fn queue(&mut self, at: Instant, lasts: Option<Duration>, connection: u64) -> Option<u64> {
+    fn queue(&mut self, at: Instant, lasts: Option<Duration>) -> Option<u64> {
         if self.newest.is_some_and(|(newest, _)| newest > at) {
             return None;
         }
-        // One queued before on the same connection runs before this one: it bounds nothing.
-        let bound = (self.unanswered.iter())
-            .filter(|pending| pending.connection != connection)
-            .map(|pending| pending.lasts)
-            .min();
+        let bound = self.unanswered.iter().map(|pending| pending.lasts).min();
         self.newest = match self.newest {
             // The same round sent again (a new connection): both count.
             Some((newest, earlier)) if newest == at => Some((at, min_of(earlier, bound))),
@@ -99,19 +95,16 @@ impl Outright {
         let id = self.next;
         self.next += 1;
         if let Some(lasts) = lasts {
-            self.unanswered.push(Pending { id, lasts, connection });
+            self.unanswered.push(Pending { id, lasts });
         }
         Some(id)
     }
 
-    /// What became of the extension `id` on `connection`: it ran, and so did every one
-    /// queued before it there; or it was refused unwritten (a closed connection), and only
-    /// it is known not to run.
-    fn settled(&mut self, id: u64, connection: u64, fate: Fate) {
-        match fate {
-            Fate::Ran => self.unanswered.retain(|p| p.connection != connection || p.id > id),
-            Fate::Unsent => self.unanswered.retain(|pending| pending.id != id),
-            Fate::Unknown => {}
+    /// What became of the extension `id`: answered (it ran) or refused unwritten (a closed
+    /// connection: it never runs), it bounds nothing any more.
+    fn settled(&mut self, id: u64, fate: Fate) {
+        if fate != Fate::Unknown {
+            self.unanswered.retain(|pending| pending.id != id);
         }
     }
 }
@@ -134,13 +127,11 @@ fn min_of(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
     }
 }
 
-/// An extension, as its route sees it: the start of its round, the generation of the
-/// connection it goes out on, and, if it sets the lease outright, its lease less its drift
-/// allowance.
+/// An extension, as its route sees it: the start of its round and, if it sets the lease
+/// outright, its lease less its drift allowance.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Extension {
     pub(crate) at: Instant,
-    pub(crate) connection: u64,
     pub(crate) outright: Option<Duration>,
 }
 
@@ -249,9 +240,8 @@ impl<H: Clone> Route<H> {
     /// extension was queued on the node (`None` then), and records nothing of it for the
     /// undo: an extension sets nothing where the key is gone, so whichever of it and an undo
     /// runs first on a node, no key is left (and recorded, one on another connection would
-    /// move the undo away from a create not answered yet). What `fate` says ran did, and so
-    /// did the hold's outright extensions queued before it on its connection; those not
-    /// answered are kept (see [`Route::bound`]).
+    /// move the undo away from a create not answered yet). One that sets the lease outright
+    /// is kept until `fate` says it ran or never will (see [`Route::bound`]).
     pub(crate) async fn gate<F>(
         &self,
         send: F,
@@ -268,14 +258,14 @@ impl<H: Clone> Route<H> {
         if let Some(id) = id
             && let Some(mut entry) = self.lock()
         {
-            entry.outright.settled(id, extension.connection, fate(&result));
+            entry.outright.settled(id, fate(&result));
         }
         Some(result)
     }
 
     /// The most the extension round that started `at` counts on the node, from its start:
     /// the shortest lease (less its drift allowance) among the hold's outright extensions
-    /// on other connections not answered when its request was queued there (one may land
+    /// not answered when its request was queued there (one may land
     /// after it ran, so after the round began, and set the key to its own lease from then
     /// on); `None` for no bound (or no request of the round queued there).
     pub(crate) fn bound(&self, at: Instant) -> Option<Duration> {
@@ -312,8 +302,8 @@ impl<H: Clone> Route<H> {
                     entry.state = State::Sent { handle, in_flight: in_flight + 1 };
                 }
                 Queue::Extension(extension, id) => {
-                    let Extension { at, outright, connection } = *extension;
-                    match entry.outright.queue(at, outright, connection) {
+                    let Extension { at, outright } = *extension;
+                    match entry.outright.queue(at, outright) {
                         Some(queued) => **id = Some(queued),
                         None => return Poll::Ready(None),
                     }
@@ -387,7 +377,7 @@ mod tests {
         let create = route.queue(&7, std::future::pending::<Answer>(), Result::is_ok);
         assert!(futures::FutureExt::now_or_never(create).is_none());
         // Answered on another connection: the undo still goes behind the create.
-        let scripted = scripted(crate::clock::now(), 1);
+        let scripted = scripted(crate::clock::now());
         assert_eq!(route.gate(async { Answer::Ok(1) }, scripted, ran).await, Some(Ok(1)));
         let lost = route.gate(std::future::pending::<Answer>(), scripted, ran);
         assert!(futures::FutureExt::now_or_never(lost).is_none());
@@ -405,13 +395,13 @@ mod tests {
         assert_eq!(routes.get(0).undo(), Undo::Behind(7));
     }
 
-    /// An extension of the round that started `at`, on connection `on`.
-    fn scripted(at: Instant, on: u64) -> Extension {
-        Extension { at, connection: on, outright: None }
+    /// An extension of the round that started `at`.
+    fn scripted(at: Instant) -> Extension {
+        Extension { at, outright: None }
     }
 
-    fn outright(at: Instant, on: u64, lasts: Duration) -> Extension {
-        Extension { at, connection: on, outright: Some(lasts) }
+    fn outright(at: Instant, lasts: Duration) -> Extension {
+        Extension { at, outright: Some(lasts) }
     }
 
     fn ran(answer: &Answer) -> Fate {
@@ -419,39 +409,34 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_unanswered_outright_extension_bounds_later_rounds_on_other_connections() {
+    async fn an_unanswered_outright_extension_bounds_later_rounds_until_it_answers() {
         let route = Routes::<u64>::new(1).get(0);
         let t0 = crate::clock::now();
         let (t1, t2, t3) = (t0 + ms(1), t0 + ms(2), t0 + ms(3));
-        // Sent at t0 on connection 1 for 5 s; its reply is lost.
-        let lost = route.gate(async { Answer::Err(()) }, outright(t0, 1, ms(5_000)), ran);
+        // Sent at t0 for 5 s; its reply is lost.
+        let lost = route.gate(async { Answer::Err(()) }, outright(t0, ms(5_000)), ran);
         assert_eq!(lost.await, Some(Err(())));
-        // A longer extension at t1 on connection 2, scripted or not: bounded by it, from t1.
-        let longer = route.gate(async { Answer::Ok(1) }, scripted(t1, 2), ran);
+        // A longer extension at t1, scripted or not: bounded by it, from t1; and so are the
+        // later ones, answered or not (a connection's requests may go out out of order).
+        let longer = route.gate(async { Answer::Ok(1) }, scripted(t1), ran);
         assert_eq!(longer.await, Some(Ok(1)));
         assert_eq!(route.bound(t1), Some(ms(5_000)));
-        // On its own connection, queued after it: it ran first, and bounds nothing. Its
-        // answer says the lost one ran, too.
-        route.gate(async { Answer::Ok(1) }, scripted(t2, 1), ran).await;
-        assert_eq!(route.bound(t2), None);
-        route.gate(async { Answer::Ok(1) }, scripted(t3, 2), ran).await;
-        assert_eq!(route.bound(t3), None, "answered on its connection: it ran");
-        // One answered bounds nothing later, and only the newest round's bound is read.
+        route.gate(async { Answer::Ok(1) }, scripted(t2), ran).await;
+        assert_eq!(route.bound(t2), Some(ms(5_000)));
+        // Only the newest round's bound is read.
+        assert_eq!(route.bound(t3), None);
+        // One answered bounds nothing later.
         let route = Routes::<u64>::new(1).get(0);
-        let answered = route.gate(async { Answer::Ok(1) }, outright(t0, 1, ms(5_000)), ran);
+        let answered = route.gate(async { Answer::Ok(1) }, outright(t0, ms(5_000)), ran);
         assert_eq!(answered.await, Some(Ok(1)));
-        route.gate(async { Answer::Ok(1) }, scripted(t1, 2), ran).await;
+        route.gate(async { Answer::Ok(1) }, scripted(t1), ran).await;
         assert_eq!(route.bound(t1), None);
-        assert_eq!(route.bound(t2), None);
-        // One refused unwritten (its connection was closed) never runs: it bounds nothing,
-        // and says nothing of what went before it there.
+        // Nor one refused unwritten (its connection was closed): it never runs.
         let route = Routes::<u64>::new(1).get(0);
-        let held = route.gate(std::future::pending::<Answer>(), outright(t0, 1, ms(900)), ran);
-        assert!(futures::FutureExt::now_or_never(held).is_none());
         let unsent = |_: &Answer| Fate::Unsent;
-        route.gate(async { Answer::Err(()) }, outright(t1, 1, ms(800)), unsent).await;
-        route.gate(async { Answer::Ok(1) }, scripted(t2, 2), ran).await;
-        assert_eq!(route.bound(t2), Some(ms(900)));
+        route.gate(async { Answer::Err(()) }, outright(t0, ms(800)), unsent).await;
+        route.gate(async { Answer::Ok(1) }, scripted(t1), ran).await;
+        assert_eq!(route.bound(t1), None);
     }
 
     #[tokio::test]
@@ -459,19 +444,19 @@ mod tests {
         let route = Routes::<u64>::new(1).get(0);
         let t0 = crate::clock::now();
         let (t1, t2) = (t0 + ms(1), t0 + ms(2));
-        let held = route.gate(std::future::pending::<Answer>(), outright(t0, 1, ms(900)), ran);
+        let held = route.gate(std::future::pending::<Answer>(), outright(t0, ms(900)), ran);
         assert!(futures::FutureExt::now_or_never(held).is_none());
-        route.gate(async { Answer::Ok(1) }, scripted(t2, 2), ran).await;
+        route.gate(async { Answer::Ok(1) }, scripted(t2), ran).await;
         assert_eq!(route.bound(t2), Some(ms(900)));
         // Round t1's request, to be queued only now (its connect was slow): not sent, since
         // round t2 did not count it.
-        let late = route.gate(async { Answer::Ok(1) }, outright(t1, 3, ms(50)), ran);
+        let late = route.gate(async { Answer::Ok(1) }, outright(t1, ms(50)), ran);
         assert_eq!(late.await, None);
         assert_eq!(route.bound(t2), Some(ms(900)));
         // The same round sent again on a new connection: the shortest of both.
-        let again = route.gate(async { Answer::Err(()) }, outright(t2, 4, ms(800)), ran);
+        let again = route.gate(async { Answer::Err(()) }, outright(t2, ms(800)), ran);
         assert!(again.await.is_some());
-        route.gate(async { Answer::Ok(1) }, scripted(t2, 5), ran).await;
+        route.gate(async { Answer::Ok(1) }, scripted(t2), ran).await;
         assert_eq!(route.bound(t2), Some(ms(800)));
     }
 

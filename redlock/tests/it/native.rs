@@ -597,11 +597,11 @@ async fn an_earlier_rounds_extension_is_not_sent_after_a_newer_rounds() {
     drop(lock);
 }
 
-/// One extension round slowed past its node timeout on two nodes of three bounds only the
-/// rounds that could run before it there: once a later extension on the same connection
-/// has answered, it ran, and the hold extends to its whole lease again.
+/// One extension round slowed past its node timeout on two nodes of three bounds none of
+/// the later rounds at the same lease: landing after one, it sets the key to that lease
+/// from later still. The hold extends to its whole lease each time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_slow_outright_round_bounds_the_hold_only_until_its_connection_answers_again() {
+async fn a_slow_outright_round_at_the_locks_lease_bounds_none_of_the_later_ones() {
     let (faulty, urls) = unscripted_behind_proxies();
     if !Server::of(faulty.cluster()).has_set_ifeq() {
         return;

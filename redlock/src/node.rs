@@ -450,7 +450,8 @@ pub(crate) struct Node {
     /// Whether a refused release notification was already reported.
     notify_refused: AtomicBool,
     /// Whether the node refused this user `SCRIPT LOAD` (`NOPERM`: a user without
-    /// scripting): its later connections do not ask again.
+    /// scripting; or an unknown command: a proxy without `SCRIPT`): its later connections
+    /// do not ask again, and the plain lock's extensions go native there.
     scripts_refused: Arc<AtomicBool>,
     /// Until when the node counts as late, in nanoseconds from `epoch` (0: not late): its
     /// last answer timed out, or came only after a wait for a round's stragglers that
@@ -1151,7 +1152,11 @@ async fn open(
         if err.code().is_none() {
             return Err(unreachable(err));
         }
-        let refused = err.code() == Some("NOPERM");
+        // Refused this user (the ACL), or unknown where it goes (a proxy without `SCRIPT`):
+        // from now on the plain lock goes native there where it can (see `native`).
+        // (A pipeline's error has no detail of its own: its text names each failure.)
+        let unknown = err.to_string().contains("unknown command");
+        let refused = err.code() == Some("NOPERM") || unknown;
         if !(refused && seen.scripts_refused.swap(true, Ordering::Relaxed)) {
             tracing::warn!(
                 target: "redlock",

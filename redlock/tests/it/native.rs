@@ -656,3 +656,30 @@ async fn extensions_at_the_locks_lease_go_on_after_a_lost_round_and_a_reset() {
     }
     lock.release().await.unwrap();
 }
+
+/// Nodes that do not know `SCRIPT` (as behind a proxy that refuses it; here renamed away on
+/// Valkey): the preload's unknown command counts as a refusal, and the plain lock runs no
+/// script there, extensions and `with_lock` included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_without_the_script_command_run_the_plain_lock_with_no_script() {
+    let config = redlock_testkit::NodeConfig::new()
+        .extra_arg("--rename-command")
+        .extra_arg("SCRIPT")
+        .extra_arg("\"\"");
+    let cluster = Cluster::start_with(3, config).unwrap();
+    if !Server::of(&cluster).has_delifeq() {
+        return;
+    }
+    let rl = Redlock::builder().nodes(cluster.urls()).ttl(Duration::from_secs(1)).build().unwrap();
+    let mut lock = rl.try_lock("k").await.unwrap();
+    lock.extend(Duration::from_secs(3)).await.unwrap();
+    assert!(lock.validity() > Duration::from_millis(2_500), "{:?}", lock.validity());
+    lock.release().await.unwrap();
+    let work = |_| async {
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        "done"
+    };
+    assert_eq!(rl.with_lock("w", work).await.unwrap(), "done");
+    common::gone_everywhere(&cluster, &["k", "w"], "released").await;
+    assert_eq!(counts(&cluster, &["eval", "evalsha"]), vec![vec![0, 0]; 3], "no script ran");
+}

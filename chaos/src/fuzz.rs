@@ -202,13 +202,7 @@ pub async fn fuzz(config: &FuzzConfig) -> FuzzReport {
         .map(|client| {
             let all = match config.unscripted {
                 false => faulty.urls_for(client),
-                true => (faulty.cluster().nodes().iter().enumerate())
-                    .map(|(i, node)| {
-                        let direct = node.url_as(UNSCRIPTED, UNSCRIPTED);
-                        let proxy = faulty.client_proxy(client, i).port();
-                        direct.replace(&format!(":{}", node.port()), &format!(":{proxy}"))
-                    })
-                    .collect(),
+                true => faulty.urls_as(client, UNSCRIPTED, UNSCRIPTED),
             };
             if config.broken_quorum {
                 // Clients 0 and 2 see nodes 0 and 1, clients 1 and 3 nodes 2 and 3: each

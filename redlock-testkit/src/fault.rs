@@ -134,6 +134,20 @@ impl FaultyCluster {
             .collect()
     }
 
+    /// [`urls_for`](Self::urls_for) logging in as the ACL user `name` (see
+    /// [`RedisNode::acl_setuser`](crate::RedisNode::acl_setuser)).
+    ///
+    /// # Panics
+    /// When `client` is out of range.
+    pub fn urls_as(&self, client: usize, name: &str, password: &str) -> Vec<String> {
+        let nodes = self.cluster.nodes();
+        nodes
+            .iter()
+            .zip(&self.proxies[client])
+            .map(|(node, proxy)| node.url_as_via(name, password, proxy.port()))
+            .collect()
+    }
+
     /// Number of nodes.
     pub fn len(&self) -> usize {
         self.cluster.len()

@@ -88,6 +88,11 @@ impl RedisNode {
         access::url(&self.config, port, Credentials::Default)
     }
 
+    /// [`url_as`](Self::url_as) with another port (a proxy's).
+    pub(crate) fn url_as_via(&self, name: &str, password: &str, port: u16) -> String {
+        access::url(&self.config, port, Credentials::User { name, password })
+    }
+
     /// The URL for the ACL user `name` (see [`acl_setuser`](Self::acl_setuser)), with the
     /// node's scheme: `redis://NAME:PASSWORD@127.0.0.1:PORT` (both percent-encoded).
     pub fn url_as(&self, name: &str, password: &str) -> String {

@@ -398,27 +398,12 @@ async fn a_quorum_of_scripted_and_unscripted_nodes_runs_each_nodes_own_form() {
 /// overlaps the hold.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outright_extension_that_may_still_land_bounds_the_later_ones() {
-    let faulty = redlock_testkit::FaultyCluster::start(3).unwrap();
+    let (faulty, urls) = unscripted_behind_proxies();
     let cluster = faulty.cluster();
     if !Server::of(cluster).has_set_ifeq() {
         return;
     }
-    let urls = (cluster.nodes().iter().enumerate())
-        .map(|(i, node)| {
-            node.acl_setuser("unscripted", PASSWORD, &WITHOUT_SCRIPTING).unwrap();
-            let direct = node.url_as("unscripted", PASSWORD);
-            let port = format!(":{}", node.port());
-            direct.replace(&port, &format!(":{}", faulty.proxy(i).port()))
-        })
-        .collect::<Vec<_>>();
-    let rl = Redlock::builder()
-        .nodes(urls)
-        .key_prefix("app:")
-        .ttl(Duration::from_secs(10))
-        .node_timeout(Duration::from_millis(300))
-        .retry(redlock::Retry::never())
-        .build()
-        .unwrap();
+    let rl = unscripted_client(urls, Duration::from_secs(10), Duration::from_millis(300));
     let lock = rl.try_lock("k").await.unwrap();
     let held = Duration::from_secs(2);
     for i in 0..2 {
@@ -503,14 +488,10 @@ async fn a_node_that_refused_the_script_preload_is_not_asked_again_on_a_new_conn
 /// the proxies' URLs for it.
 fn unscripted_behind_proxies() -> (redlock_testkit::FaultyCluster, Vec<String>) {
     let faulty = redlock_testkit::FaultyCluster::start(3).unwrap();
-    let urls = (faulty.cluster().nodes().iter().enumerate())
-        .map(|(i, node)| {
-            node.acl_setuser("unscripted", PASSWORD, &WITHOUT_SCRIPTING).unwrap();
-            let direct = node.url_as("unscripted", PASSWORD);
-            let port = format!(":{}", node.port());
-            direct.replace(&port, &format!(":{}", faulty.proxy(i).port()))
-        })
-        .collect();
+    for node in faulty.cluster().nodes() {
+        node.acl_setuser("unscripted", PASSWORD, &WITHOUT_SCRIPTING).unwrap();
+    }
+    let urls = faulty.urls_as(0, "unscripted", PASSWORD);
     (faulty, urls)
 }
 
@@ -617,13 +598,18 @@ async fn a_slow_outright_round_at_the_locks_lease_bounds_none_of_the_later_ones(
         faulty.proxy(i).release_holds();
     }
     tokio::time::sleep(Duration::from_millis(1_000)).await;
-    for round in 0..4 {
-        lock.extend(Duration::from_secs(3)).await.unwrap();
-        let left = lock.validity();
-        assert!(left > Duration::from_millis(2_500), "round {round}: {left:?} left");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    extends_to_its_whole_lease(&mut lock, Duration::from_secs(3), 4).await;
     lock.release().await.unwrap();
+}
+
+/// Extends `lock` `rounds` times to `ttl`, a little apart: each counts all but 500 ms.
+async fn extends_to_its_whole_lease(lock: &mut redlock::Lock, ttl: Duration, rounds: usize) {
+    for round in 0..rounds {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        lock.extend(ttl).await.unwrap();
+        let left = lock.validity();
+        assert!(left > ttl - Duration::from_millis(500), "round {round}: {left:?} left");
+    }
 }
 
 /// Extensions at the lock's own lease are bounded by nothing an earlier one at that lease
@@ -648,12 +634,7 @@ async fn extensions_at_the_locks_lease_go_on_after_a_lost_round_and_a_reset() {
         faulty.proxy(i).release_holds();
         faulty.proxy(i).reset_connections();
     }
-    for round in 0..6 {
-        tokio::time::sleep(Duration::from_millis(700)).await;
-        lock.extend(Duration::from_secs(4)).await.unwrap();
-        let left = lock.validity();
-        assert!(left > Duration::from_millis(3_500), "round {round}: {left:?} left");
-    }
+    extends_to_its_whole_lease(&mut lock, Duration::from_secs(4), 6).await;
     lock.release().await.unwrap();
 }
 

@@ -175,20 +175,31 @@ async fn a_forced_release_over_closed_connections_runs_once_and_spares_the_next_
     let admin = common::builder(&cluster, Duration::from_secs(1)).build().unwrap();
     let holder = common::client(&cluster);
     common::warm(&admin).await;
-    let old = holder.try_lock("f").await.unwrap();
-    // Staging: every node answered the acquisition (a round is decided by the first two
-    // nodes; the third may be behind the holder's first connect, which the kill below does
-    // not close): one landing after the forced release would take a node from the next
-    // holder.
-    common::held_on(&cluster, "f", old.token(), &[0, 1, 2]).await;
-    kill_clients(&cluster);
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(admin.force_release("f").await.unwrap(), 3);
-    let next = common::client(&cluster).try_lock("f").await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(cluster.nodes_holding("f", next.token()).len(), 3);
-    assert_eq!(kind(&old.release().await), Err(ErrorKind::NotHeld));
-    next.release().await.unwrap();
+    // Up to three tries at the staging: where the old holder's release is written before
+    // its driver sees the killed connection, its re-send finds the key gone and counts it
+    // as removed (`Ok`, the documented limit of a re-send).
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        let old = holder.try_lock("f").await.unwrap();
+        // Staging: every node answered the acquisition (a round is decided by the first
+        // two nodes; the third may be behind the holder's first connect, which the kill
+        // below does not close): one landing after the forced release would take a node
+        // from the next holder.
+        common::held_on(&cluster, "f", old.token(), &[0, 1, 2]).await;
+        kill_clients(&cluster);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(admin.force_release("f").await.unwrap(), 3);
+        let next = common::client(&cluster).try_lock("f").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(cluster.nodes_holding("f", next.token()).len(), 3);
+        let answer = kind(&old.release().await);
+        next.release().await.unwrap();
+        if answer == Err(ErrorKind::NotHeld) {
+            return;
+        }
+        answers.push(answer);
+    }
+    panic!("the stale release never reported NotHeld: {answers:?}");
 }
 
 // An extension after the nodes closed the client's connections succeeds (a

@@ -169,36 +169,6 @@ fn simple_args(cmd: &Cmd) -> impl Iterator<Item = &[u8]> {
     })
 }
 
-/// A number's decimal digits, kept on the stack: the numbers a command carries (a lease, a
-/// count of permits) without a `String` each.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Digits {
-    bytes: [u8; 20],
-    /// Where the digits start: they end the buffer.
-    from: usize,
-}
-
-impl Digits {
-    pub(crate) fn new(mut n: u64) -> Self {
-        let mut bytes = [0u8; 20];
-        let mut from = bytes.len();
-        loop {
-            from -= 1;
-            // A digit: always below 10.
-            bytes[from] = b'0' + u8::try_from(n % 10).unwrap_or(0);
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        Self { bytes, from }
-    }
-
-    pub(crate) fn as_bytes(&self) -> &[u8] {
-        &self.bytes[self.from..]
-    }
-}
-
 /// One argument of a script, written straight into the command.
 pub(crate) trait ScriptArg {
     /// Its length in bytes.
@@ -349,13 +319,6 @@ fn called_on(line: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn digits_are_the_decimal_text_of_the_number() {
-        for n in [0, 7, 10, 30_000, 1_234_567_890, u64::MAX] {
-            assert_eq!(Digits::new(n).as_bytes(), n.to_string().as_bytes());
-        }
-    }
 
     fn args(cmd: &Cmd) -> Vec<Vec<u8>> {
         (cmd.args_iter())

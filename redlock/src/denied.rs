@@ -5,7 +5,7 @@
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, RedisError, Value};
 
-use crate::node::Failure;
+use crate::failure::Failure;
 
 /// Where credentials go, for every login refusal.
 const CREDENTIALS: &str = "credentials go in the node URL (`redis://user:password@host:port`), \

@@ -219,6 +219,7 @@ mod denied;
 mod engine;
 mod env;
 mod error;
+mod failure;
 pub mod fence;
 #[cfg(feature = "serde")]
 mod file_config;

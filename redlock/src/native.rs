@@ -25,7 +25,7 @@ use redis::{Cmd, Pipeline, Value};
 
 use crate::channel::ReleaseChannel;
 use crate::config::Ttl;
-use crate::node::Failure;
+use crate::failure::Failure;
 use crate::server::{Server, Version};
 
 /// One native command a server may offer.

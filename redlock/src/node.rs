@@ -32,104 +32,42 @@ use tokio::task::JoinHandle;
 
 use crate::command::{self, Command, Resend};
 use crate::denied;
-use crate::error::NodeOutcome;
+use crate::failure::Failure;
 use crate::native::{self, Native, Offers};
 use crate::quarantine;
-use crate::route::{Extension, Fate, Route};
+use crate::route::{self, Extension, Fate};
 use crate::server;
 use crate::tasks::Tasks;
-
-/// Why a request to a node did not produce a reply.
-#[derive(Clone, Debug)]
-pub(crate) enum Failure {
-    /// No connection could be used, or it dropped before the reply.
-    Unreachable(Arc<str>),
-    /// The node refused the connection: no process listens there, and what it had not
-    /// run is gone with it.
-    Refused(Arc<str>),
-    /// Opening a connection took longer than the connect timeout: like a request that
-    /// timed out, the node may be hung with something sent to it before still to run.
-    ConnectTimedOut,
-    /// The node answered with an error reply.
-    Server { code: Arc<str>, message: Arc<str> },
-    /// The node refused this client itself: its login, its certificate, or a command its
-    /// ACL user may not run. Nothing was run; no retry helps until something is changed.
-    Denied(Arc<str>),
-}
-
-/// The error replies with which a node says it ran nothing, for now: it is loading its
-/// data after a restart (`LOADING`), a script or module command is running past the busy
-/// threshold (`BUSY`), or it is a replica cut off from its master (`MASTERDOWN`). Such a
-/// node, restarted with the key on disk, keeps it for its lease unless the undo comes again.
-const PUT_OFF: [&str; 3] = ["LOADING", "BUSY", "MASTERDOWN"];
-
-/// Whether `message`, a [`Failure::Server`]'s (as [`Failure::outcome`] passes it on: the
-/// code first, as [`Failure::from_redis`] writes it), is one of [`PUT_OFF`].
-pub(crate) fn is_put_off(message: &str) -> bool {
-    message.split(' ').next().is_some_and(|code| PUT_OFF.contains(&code))
-}
 
 /// Why a connect failed when it panicked: Tokio panics when a runtime without I/O opens a
 /// socket, and nothing else in a connect does.
 const NO_IO: &str = "the connect panicked: a runtime without I/O (built without `enable_io`)";
 
-impl Failure {
-    fn from_redis(err: &RedisError) -> Self {
-        match err.code() {
-            // "CODE detail", as the server said it: the code is what operators search for.
-            Some(code) => {
-                let message = format!("{code} {}", err.detail().unwrap_or_default());
-                let explained = command::explain_refusal(&message)
-                    .or_else(|| command::explain_scripting_refusal(&message));
-                match explained {
-                    Some(explained) => Self::Denied(explained.into()),
-                    None if code == "NOPERM" => Self::Denied(message.into()),
-                    None if code == "NOAUTH" => Self::Denied(denied::NOAUTH.into()),
-                    None => Self::Server { code: code.into(), message: message.into() },
-                }
-            }
-            None => Self::Unreachable(err.to_string().into()),
-        }
-    }
-
-    pub(crate) fn is_wrong_type(&self) -> bool {
-        match self {
-            Self::Server { code, message } => {
-                &**code == "WRONGTYPE" || message.contains("WRONGTYPE")
-            }
-            Self::Unreachable(_) | Self::Refused(_) | Self::ConnectTimedOut | Self::Denied(_) => {
-                false
+/// What `err` says went wrong, with the explanation of a refusal where one is known.
+fn failure_of(err: &RedisError) -> Failure {
+    match err.code() {
+        // "CODE detail", as the server said it: the code is what operators search for.
+        Some(code) => {
+            let message = format!("{code} {}", err.detail().unwrap_or_default());
+            let explained = command::explain_refusal(&message)
+                .or_else(|| command::explain_scripting_refusal(&message));
+            match explained {
+                Some(explained) => Failure::Denied(explained.into()),
+                None if code == "NOPERM" => Failure::Denied(message.into()),
+                None if code == "NOAUTH" => Failure::Denied(denied::NOAUTH.into()),
+                None => Failure::Server { code: code.into(), message: message.into() },
             }
         }
-    }
-
-    /// A create or extension not sent: an undo of its hold was issued first.
-    fn withheld() -> Self {
-        let message = "WITHHELD an undo of the hold was issued first: not sent";
-        Self::Server { code: "WITHHELD".into(), message: message.into() }
-    }
-
-    fn is_noscript(&self) -> bool {
-        matches!(self, Self::Server { code, .. } if &**code == "NOSCRIPT")
-    }
-
-    /// What the failure means for the round.
-    pub(crate) fn outcome(&self) -> NodeOutcome {
-        match self {
-            _ if self.is_wrong_type() => NodeOutcome::WrongType,
-            // The node ran it past its deadline (create_guard.lua), when its sender had
-            // already given up on it: what the sender counted it as.
-            // Or the client did not send it: past its time to go out, or behind its undo.
-            Self::Server { code, .. } if matches!(&**code, "LATE" | "WITHHELD") => {
-                NodeOutcome::TimedOut
-            }
-            Self::Unreachable(why) | Self::Refused(why) => NodeOutcome::Unreachable(why.clone()),
-            Self::ConnectTimedOut => NodeOutcome::TimedOut,
-            Self::Denied(why) => NodeOutcome::Denied(why.clone()),
-            Self::Server { message, .. } => NodeOutcome::Failed(message.clone()),
-        }
+        None => Failure::Unreachable(err.to_string().into()),
     }
 }
+
+/// A hold's routes (see [`crate::route`]) over this module's connections.
+pub(crate) type Routes = route::Routes<Handle>;
+/// One node's route of a hold.
+pub(crate) type Route = route::Route<Handle>;
+/// Where an undo goes on one node.
+pub(crate) type Undo = route::Undo<Handle>;
 
 /// A node's answer to one command.
 #[derive(Debug)]
@@ -897,18 +835,18 @@ impl Node {
             return Sent::Reply(Err(Failure::withheld()));
         };
         match sent {
-            Ok(Value::ServerError(err)) => Sent::Reply(Err(Failure::from_redis(&err.into()))),
+            Ok(Value::ServerError(err)) => Sent::Reply(Err(failure_of(&err.into()))),
             Ok(value) => Sent::Reply(Ok(value)),
             Err(err) if err.is_unrecoverable_error() || err.is_connection_dropped() => {
                 self.discard(handle.generation);
-                let failure = Failure::from_redis(&err);
+                let failure = failure_of(&err);
                 if handle.fresh {
                     Sent::Reply(Err(failure))
                 } else {
                     Sent::Stale(failure, !at_once)
                 }
             }
-            Err(err) => Sent::Reply(Err(Failure::from_redis(&err))),
+            Err(err) => Sent::Reply(Err(failure_of(&err))),
         }
     }
 
@@ -1169,12 +1107,12 @@ async fn open(
     let reply = connection.send_packed_command(redis::cmd("INFO").arg("server")).await;
     let replied_at = Instant::now();
     let info = match reply {
-        Ok(Value::ServerError(err)) => Err(Failure::from_redis(&err.into())),
+        Ok(Value::ServerError(err)) => Err(failure_of(&err.into())),
         Ok(value) => Ok(redis::from_redis_value::<String>(value).unwrap_or_else(|err| {
             tracing::warn!(target: "redlock", %err, "unexpected INFO server reply");
             String::new()
         })),
-        Err(err) if err.code().is_some() => Err(Failure::from_redis(&err)),
+        Err(err) if err.code().is_some() => Err(failure_of(&err)),
         Err(err) => return Err(unreachable(err)),
     };
     let info = match info {
@@ -1254,7 +1192,7 @@ enum Packet<'a> {
 /// A reply inside a pipeline's: an error reply as a failure.
 fn value_or_failure(value: Value) -> Result<Value, Failure> {
     match value {
-        Value::ServerError(err) => Err(Failure::from_redis(&err.into())),
+        Value::ServerError(err) => Err(failure_of(&err.into())),
         value => Ok(value),
     }
 }

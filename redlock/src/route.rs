@@ -29,8 +29,6 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use crate::node::Handle;
-
 /// One node's route of one hold; `H` is a connection (a plain number in the unit tests).
 #[derive(Default)]
 enum State<H> {
@@ -136,7 +134,7 @@ pub(crate) struct Extension {
 }
 
 /// A hold's routes, one per node, in one allocation.
-pub(crate) struct Routes<H = Handle>(Arc<[Mutex<Entry<H>>]>);
+pub(crate) struct Routes<H>(Arc<[Mutex<Entry<H>>]>);
 
 impl<H> Clone for Routes<H> {
     fn clone(&self) -> Self {
@@ -146,7 +144,7 @@ impl<H> Clone for Routes<H> {
 
 /// Where an undo goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Undo<H = Handle> {
+pub(crate) enum Undo<H> {
     /// Nothing of the hold was ever queued to the node, and nothing will be: nothing to
     /// undo there.
     Nothing,
@@ -179,7 +177,7 @@ impl<H: Clone> Routes<H> {
 }
 
 /// One node's route of one hold.
-pub(crate) struct Route<H = Handle> {
+pub(crate) struct Route<H> {
     routes: Routes<H>,
     node: usize,
 }

@@ -40,7 +40,7 @@ use super::protocol::{Answer, Keys, Op};
 use super::round::Rest;
 use super::slot::{Slot, Slots};
 use super::undo::Tracked;
-use crate::route::Routes;
+use crate::node::Routes;
 
 /// Makes a fresh undo request for a node, settling the given slot when over, and
 /// registered with the client's undos while in flight. A plain closure, kept by value:
@@ -273,13 +273,13 @@ impl<M: Remake> Undos<M> {
 /// Whether an undo failed for a reason that may pass: it timed out (the node may be hung,
 /// with what it undoes still to run), could not reach its node (a reset, a node down that
 /// may come back with its data), the node said it could not run it yet (see
-/// [`crate::node::is_put_off`]), or the node refused the client's login or certificate
+/// [`crate::failure::is_put_off`]), or the node refused the client's login or certificate
 /// (credentials or certificates being rotated). Not a command refused by the ACL, nor an
 /// answer: sending it again changes nothing.
 pub(crate) fn may_pass(outcome: &NodeOutcome) -> bool {
     match outcome {
         NodeOutcome::TimedOut | NodeOutcome::Unreachable(_) => true,
-        NodeOutcome::Failed(message) => crate::node::is_put_off(message),
+        NodeOutcome::Failed(message) => crate::failure::is_put_off(message),
         // A refused login or certificate may be a rotation under way: the undo is not
         // given up before its horizon. A command refused by the ACL stays refused.
         NodeOutcome::Denied(message) => !message.starts_with("NOPERM"),

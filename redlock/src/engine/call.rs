@@ -23,13 +23,14 @@ use std::time::{Duration, Instant};
 
 use crate::command::{Command, Resend};
 use crate::error::NodeOutcome;
-use crate::node::{Connected, Failure, Node, Renewal, Reply};
+use crate::failure::Failure;
+use crate::node::{Connected, Node, Renewal, Reply};
 use crate::telemetry;
 
 use super::Core;
 use super::protocol::{Answer, Op};
 use super::slot::{SettleOnDrop, Slot};
-use crate::route::{Route, Undo};
+use crate::node::{Route, Undo};
 
 /// A call to node `node`, ready to be sent.
 pub(crate) struct NodeCall {

@@ -12,8 +12,8 @@ use crate::clock;
 use crate::command::Command;
 use crate::config::Ttl;
 use crate::error::{Error, ErrorKind, NodeOutcome, Result};
+use crate::node::Routes;
 use crate::quorum::{self, Settled};
-use crate::route::Routes;
 use crate::telemetry;
 use crate::timing;
 

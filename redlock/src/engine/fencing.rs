@@ -143,7 +143,7 @@ fn settle(t: &Tally) -> Option<Settled> {
 }
 
 /// Reads one node's counter into `highest`.
-fn read_counter(value: &Result<Value, crate::node::Failure>, highest: &AtomicU64) -> Answer {
+fn read_counter(value: &Result<Value, crate::failure::Failure>, highest: &AtomicU64) -> Answer {
     let count = match value {
         Ok(Value::Nil) => Some(0),
         Ok(Value::BulkString(bytes)) => {

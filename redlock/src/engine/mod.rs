@@ -28,8 +28,8 @@ use crate::command::Command;
 use crate::config::{Config, Ttl};
 use crate::error::{ErrorKind, NodeOutcome, Result, ShutdownReport};
 use crate::node::Node;
+use crate::node::Routes;
 use crate::retry::Retry;
-use crate::route::Routes;
 use crate::tasks::Tasks;
 
 use notify::Releases;

@@ -172,7 +172,7 @@ pub(crate) trait Protocol: Send + Sync + 'static {
 
     /// Where the attempts of the wait that records this intent went out (see
     /// [`Protocol::records_intent`]): its withdrawal goes behind them.
-    fn intent_routes(&self) -> Option<&crate::route::Routes> {
+    fn intent_routes(&self) -> Option<&crate::node::Routes> {
         None
     }
 }
@@ -190,7 +190,7 @@ pub(crate) fn script_answer(reply: &Reply) -> Answer {
 }
 
 /// The outcome of a reply this library does not expect, or of a failure.
-pub(crate) fn failed(value: &Result<Value, crate::node::Failure>) -> NodeOutcome {
+pub(crate) fn failed(value: &Result<Value, crate::failure::Failure>) -> NodeOutcome {
     match value {
         Ok(other) => NodeOutcome::Failed(format!("unexpected reply {other:?}").into()),
         Err(failure) => failure.outcome(),
@@ -208,7 +208,7 @@ pub(crate) mod testing {
     }
 
     pub(crate) fn error(code: &str) -> Reply {
-        let failure = crate::node::Failure::Server {
+        let failure = crate::failure::Failure::Server {
             code: code.into(),
             message: format!("{code} test").into(),
         };

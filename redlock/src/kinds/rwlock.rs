@@ -14,9 +14,9 @@ use crate::engine::{Answer, Op, Protocol};
 use crate::error::NodeOutcome;
 use crate::guard::guard;
 use crate::node::Reply;
+use crate::node::Routes;
 use crate::quorum::MAX_TTL;
 use crate::retry::Retry;
-use crate::route::Routes;
 use crate::token;
 
 /// Whether a waiting writer blocks new readers.

@@ -235,6 +235,10 @@ async fn lost_write_grant_leaves_another_writers_intent() {
     };
     let a = waiting(Duration::from_millis(30));
     let b = waiting(Duration::from_secs(2));
+    // B's connections open first: on a loaded host a cold connect (the scripts' preload,
+    // the server check) may outlast each of B's refused attempts, which are decided by the
+    // first three refusals and send nothing more once cleaned up.
+    common::connect_all(&b).await;
     let reader = common::client(&cluster).read("doc").once().await.unwrap();
     let a2 = a.clone();
     let pending = tokio::spawn(async move { a2.write("doc").await });

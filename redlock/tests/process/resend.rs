@@ -1,7 +1,7 @@
 //! Requests sent again on a new connection, where the test needs the process's log or a
-//! stalled client thread (`common::stall`): a release pushed into connections the nodes had
-//! already closed, before the client's thread saw the close, still tells a hold it released
-//! from one taken meanwhile and spares the new holder; a release whose connects time out is
+//! stalled client thread (`common::stall`): a release after the nodes closed the client's
+//! connections, its own thread stalled meanwhile, still tells a hold it released from one
+//! taken meanwhile and spares the new holder; a release whose connects time out is
 //! retried only until the lease ends; one to a dead node does not hold up the shutdown.
 
 use crate::common;
@@ -33,14 +33,15 @@ async fn block_background_thread(lock: redlock::Lock, ms: u64) {
     assert!(began.await, "staging: the background thread was not blocked");
 }
 
-// The client's thread is busy (here: 800 ms in a log call) when every node closes the
+// The client's own thread is busy (here: 800 ms in a log call) when every node closes the
 // client's connections (CLIENT KILL; in production an idle `timeout`, a restart); another
-// client force-releases "k", takes and releases it; the holder's release() now pushes its
-// command into the still-open channel of each cached connection, the driver then reads EOF
-// and drops it, and it is re-sent on a new connection. The re-send finds the key absent
-// and no tombstone of its own: the hold was gone before, `NotHeld`.
+// client force-releases "k", takes and releases it. The holder's connections are its
+// runtime's, whose drivers saw the close: its release is refused before anything is
+// written, and the send on a new connection is a first send, which finds the key gone:
+// `NotHeld`. The busy own thread (background work, current-thread callers) changes none
+// of it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_release_sent_before_the_driver_saw_the_nodes_close_reports_a_lock_taken_meanwhile() {
+async fn a_release_while_the_clients_own_thread_is_busy_reports_a_lock_taken_meanwhile() {
     let _serial = crate::serial();
     common::logs();
     let cluster = common::cluster(3);

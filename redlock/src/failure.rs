@@ -61,9 +61,8 @@ impl Failure {
     pub(crate) fn outcome(&self) -> NodeOutcome {
         match self {
             _ if self.is_wrong_type() => NodeOutcome::WrongType,
-            // The node ran it past its deadline (create_guard.lua), when its sender had
-            // already given up on it: what the sender counted it as.
-            // Or the client did not send it: past its time to go out, or behind its undo.
+            // The client did not send it: past its time to go out (`LATE`), or behind its
+            // undo (`WITHHELD`).
             Self::Server { code, .. } if matches!(&**code, "LATE" | "WITHHELD") => {
                 NodeOutcome::TimedOut
             }

@@ -24,13 +24,12 @@ use std::time::{Duration, Instant};
 use crate::command::{Command, Resend};
 use crate::error::NodeOutcome;
 use crate::failure::Failure;
-use crate::node::{Connected, Node, Renewal, Reply};
+use crate::node::{Connected, Node, Renewal, Reply, Route, Undo};
 use crate::telemetry;
 
 use super::Core;
 use super::protocol::{Answer, Op};
 use super::slot::{SettleOnDrop, Slot};
-use crate::node::{Route, Undo};
 
 /// A call to node `node`, ready to be sent.
 pub(crate) struct NodeCall {

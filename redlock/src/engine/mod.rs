@@ -27,8 +27,7 @@ pub(crate) use protocol::{Answer, Op, Protocol};
 use crate::command::Command;
 use crate::config::{Config, Ttl};
 use crate::error::{ErrorKind, NodeOutcome, Result, ShutdownReport};
-use crate::node::Node;
-use crate::node::Routes;
+use crate::node::{Node, Routes};
 use crate::retry::Retry;
 use crate::tasks::Tasks;
 

@@ -57,6 +57,34 @@ pub fn run(cluster: &Cluster, i: usize, args: &[&str]) {
     let _: redis::Value = cmd.query(&mut con).unwrap();
 }
 
+/// Closes every normal connection to every node but the killer's own (`CLIENT KILL`): what a
+/// node's idle `timeout` or a restart does to the client's cached connections.
+pub fn kill_clients(cluster: &Cluster) {
+    for i in 0..cluster.len() {
+        run(cluster, i, &["CLIENT", "KILL", "SKIPME", "yes", "TYPE", "normal"]);
+    }
+}
+
+/// Runs `staging` up to three times, until one answers `want`; panics with `what` and every
+/// answer otherwise. For a staging after `CLIENT KILL` that a loaded host can spoil: a
+/// release queued before its connection's driver saw the close is written to the dead
+/// socket, and its re-send counts as done (`Ok`, the documented limit of a re-send).
+pub async fn in_three_tries<T, F>(what: &str, want: T, mut staging: impl FnMut() -> F)
+where
+    T: PartialEq + std::fmt::Debug,
+    F: std::future::Future<Output = T>,
+{
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        let answer = staging().await;
+        if answer == want {
+            return;
+        }
+        answers.push(answer);
+    }
+    panic!("{what}: never {want:?} in three tries: {answers:?}");
+}
+
 /// Polls `check` until it holds or `within` passes.
 pub async fn eventually(within: Duration, mut check: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + within;

@@ -13,13 +13,6 @@ use std::time::{Duration, Instant};
 use redlock::ErrorKind;
 use redlock_testkit::{Cluster, FaultyCluster, NetFault, NodeConfig, Persistence};
 
-/// Kills every normal connection of node `i` but the killer's own.
-fn kill_clients(cluster: &Cluster) {
-    for i in 0..cluster.len() {
-        common::run(cluster, i, &["CLIENT", "KILL", "SKIPME", "yes", "TYPE", "normal"]);
-    }
-}
-
 fn kind<T: std::fmt::Debug>(r: &redlock::Result<T>) -> Result<(), ErrorKind> {
     r.as_ref().map(|_| ()).map_err(|err| err.kind())
 }
@@ -49,7 +42,7 @@ async fn a_release_while_the_clients_own_thread_is_busy_reports_a_lock_taken_mea
     let lock = rl.try_lock("k").await.unwrap();
     let decoy = rl.try_lock("decoy").await.unwrap();
     block_background_thread(decoy, 800).await;
-    kill_clients(&cluster);
+    common::kill_clients(&cluster);
     common::take_over(&cluster, "k").await;
     assert!(common::stall::stalling(), "staging: the block ended too soon");
     assert!(lock.is_valid(), "staging: the lease ran out");
@@ -74,7 +67,7 @@ async fn every_kinds_release_after_the_nodes_closed_its_connections_reports_a_lo
     let write = rl.write("wr").await.unwrap();
     let read = rl.read("rd").await.unwrap();
     let many = rl.many(&["m1", "m2"]).await.unwrap();
-    kill_clients(&cluster);
+    common::kill_clients(&cluster);
     tokio::time::sleep(Duration::from_millis(100)).await;
     for key in ["re", "wr", "rd", "m1", "m2"] {
         assert_eq!(other.force_release(key).await.unwrap(), 3, "{key}");
@@ -145,7 +138,7 @@ async fn a_burst_of_releases_after_client_kill_tells_held_from_taken_and_spares_
     // client's lock.
     let everywhere = || cluster.keys_everywhere("b*").unwrap() == 3 * locks.len();
     assert!(common::eventually(Duration::from_secs(2), everywhere).await, "staging");
-    kill_clients(&cluster);
+    common::kill_clients(&cluster);
     tokio::time::sleep(Duration::from_millis(100)).await;
     let mut theirs = Vec::new();
     for i in (0..40).filter(|i| i % 2 == 0) {
@@ -187,18 +180,14 @@ async fn a_forced_release_over_closed_connections_runs_once_and_spares_the_next_
     let admin = common::builder(&cluster, Duration::from_secs(1)).build().unwrap();
     let holder = common::client(&cluster);
     common::warm(&admin).await;
-    // Up to three tries at the staging: where the old holder's release is written before
-    // its driver sees the killed connection, its re-send finds the key gone and counts it
-    // as removed (`Ok`, the documented limit of a re-send).
-    let mut answers = Vec::new();
-    for _ in 0..3 {
+    let staging = || async {
         let old = holder.try_lock("f").await.unwrap();
         // Staging: every node answered the acquisition (a round is decided by the first
         // two nodes; the third may be behind the holder's first connect, which the kill
         // below does not close): one landing after the forced release would take a node
         // from the next holder.
         common::held_on(&cluster, "f", old.token(), &[0, 1, 2]).await;
-        kill_clients(&cluster);
+        common::kill_clients(&cluster);
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(admin.force_release("f").await.unwrap(), 3);
         let next = common::client(&cluster).try_lock("f").await.unwrap();
@@ -206,12 +195,9 @@ async fn a_forced_release_over_closed_connections_runs_once_and_spares_the_next_
         assert_eq!(cluster.nodes_holding("f", next.token()).len(), 3);
         let answer = kind(&old.release().await);
         next.release().await.unwrap();
-        if answer == Err(ErrorKind::NotHeld) {
-            return;
-        }
-        answers.push(answer);
-    }
-    panic!("the stale release never reported NotHeld: {answers:?}");
+        answer
+    };
+    common::in_three_tries("the stale release", Err(ErrorKind::NotHeld), staging).await;
 }
 
 // An extension after the nodes closed the client's connections succeeds (a
@@ -225,7 +211,7 @@ async fn an_extension_after_client_kill_succeeds_and_the_release_removes_every_k
     // Staging: every node answered the acquisition (a round is decided by the first two
     // nodes) before its connection is killed.
     common::held_on(&cluster, "e", lock.token(), &[0, 1, 2]).await;
-    kill_clients(&cluster);
+    common::kill_clients(&cluster);
     tokio::time::sleep(Duration::from_millis(100)).await;
     lock.extend(Duration::from_secs(20)).await.unwrap();
     // Decided at the quorum too: the third node's answer may still be on its way.

@@ -745,18 +745,19 @@ fn a_release_queued_before_the_driver_saw_the_nodes_close_counts_as_done() {
 // and end; the first try is refused before anything is written, so the next one is exact
 // and the release says NotHeld. Refused at once is told by the time the refusal took
 // (`timing::UNWRITTEN_WITHIN`): a caller's thread preempted in that very poll counts it
-// maybe written and says Ok, so the staging gets three tries.
+// maybe written and says Ok; so does a debug build's slow first poll on a loaded host
+// (seen three times in a row on a fresh clone's run), so the staging gets six tries.
 #[test]
 fn a_release_after_the_drivers_saw_the_kill_reports_not_held() {
     let mut answers = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..6 {
         let released = release_after_a_kill_and_a_takeover_meanwhile(true);
         if released == Err(redlock::ErrorKind::NotHeld) {
             return;
         }
         answers.push(released);
     }
-    panic!("release() of a lock another client held meanwhile, three times: {answers:?}");
+    panic!("release() of a lock another client held meanwhile, six times: {answers:?}");
 }
 
 /// [`a_release_queued_before_the_driver_saw_the_nodes_close_counts_as_done`]'s

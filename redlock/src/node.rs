@@ -628,7 +628,7 @@ impl Node {
         let records = command.creates() && renews.is_none();
         let bound = Bound { by, route, also, records, renews, outright: None };
         let first = (command.first(), command.native());
-        let reply = self.send_cmd(first, command.resend(), bound, connected.0).await;
+        let reply = self.send_cmd(first, command.resend(), &bound, connected.0).await;
         if !matches!(&reply.value, Err(failure) if failure.is_noscript()) {
             return reply;
         }
@@ -637,7 +637,7 @@ impl Node {
         // like every rare path here: the request future stays smaller, and a round moves
         // its requests around.
         let resent = reply.resent;
-        let reply = Box::pin(self.send_cmd((&eval, None), command.resend(), bound, None)).await;
+        let reply = Box::pin(self.send_cmd((&eval, None), command.resend(), &bound, None)).await;
         Reply { resent: resent || reply.resent, sent: true, ..reply }
     }
 
@@ -647,20 +647,20 @@ impl Node {
         &self,
         cmd: Forms<'_>,
         resend: Resend,
-        bound: Bound<'_>,
+        bound: &Bound<'_>,
         first: Option<Handle>,
     ) -> Reply {
         if resend == Resend::Never {
             return Box::pin(self.send_once(cmd.0)).await;
         }
-        let first = match first.or_else(|| self.ready()) {
+        let mut first = match first.or_else(|| self.ready()) {
             Some(handle) => handle,
             None => match Box::pin(self.connection()).await {
                 Ok(handle) => handle,
                 Err(failure) => return Reply::unconnected(failure),
             },
         };
-        match self.send_on(first, cmd, bound).await {
+        match self.send_on(&mut first, cmd, bound).await {
             Sent::Reply(value) => Reply::of(value),
             // Safe to repeat (every lock operation is): once more on a new connection.
             Sent::Stale(_, written) => {
@@ -679,21 +679,18 @@ impl Node {
     /// for its reply while the driver writes it and sees the connection drop).
     async fn send_once(&self, cmd: &Cmd) -> Reply {
         let mut connection = self.connection().await;
-        if let Ok(handle) = &connection
+        if let Ok(handle) = &mut connection
             && !handle.fresh
-            && !matches!(
-                self.send_on(handle.clone(), (&PING, None), Bound::NONE).await,
-                Sent::Reply(_)
-            )
+            && !matches!(self.send_on(handle, (&PING, None), &Bound::NONE).await, Sent::Reply(_))
         {
             // Found closed (and discarded): a new one.
             connection = self.connection().await;
         }
-        let handle = match connection {
+        let mut handle = match connection {
             Ok(handle) => handle,
             Err(failure) => return Reply::unconnected(failure),
         };
-        let value = match self.send_on(handle, (cmd, None), Bound::NONE).await {
+        let value = match self.send_on(&mut handle, (cmd, None), &Bound::NONE).await {
             Sent::Reply(value) => value,
             Sent::Stale(failure, _) => Err(failure),
         };
@@ -703,9 +700,9 @@ impl Node {
     /// Sends `cmd` on a new connection: a connection opened before this call may have
     /// died since (a node restart, an idle timeout), and one more try spares the caller a
     /// spurious failure.
-    async fn send_anew(&self, cmd: Forms<'_>, bound: Bound<'_>) -> Reply {
+    async fn send_anew(&self, cmd: Forms<'_>, bound: &Bound<'_>) -> Reply {
         match self.connection().await {
-            Ok(handle) => match self.send_on(handle, cmd, bound).await {
+            Ok(mut handle) => match self.send_on(&mut handle, cmd, bound).await {
                 Sent::Reply(value) => Reply::of(value),
                 Sent::Stale(failure, true) => Reply::of(Err(failure)),
                 Sent::Stale(failure, false) => Reply::unconnected(failure),
@@ -716,7 +713,12 @@ impl Node {
 
     /// `cmd` on `handle`'s connection, or its native form where the connection's server
     /// may run it (see [`crate::native`]).
-    async fn send_on(&self, handle: Handle, (cmd, native): Forms<'_>, bound: Bound<'_>) -> Sent {
+    async fn send_on(
+        &self,
+        handle: &mut Handle,
+        (cmd, native): Forms<'_>,
+        bound: &Bound<'_>,
+    ) -> Sent {
         // An extension that sets the lease outright costs the hold's later rounds what it
         // may cut (see `crate::route`): only where the script cannot run.
         let worth = |native: &&Native| {
@@ -724,7 +726,7 @@ impl Node {
                 && (native.outright().is_none() || bound.renews.is_some_and(|r| r.outright))
         };
         if let Some(native) = native.filter(worth)
-            && let Some(sent) = self.send_native(handle.clone(), native, bound).await
+            && let Some(sent) = self.send_native(handle, native, bound).await
         {
             return sent;
         }
@@ -733,7 +735,12 @@ impl Node {
 
     /// `native` on `handle`'s connection, answering what its script would; `None` when the
     /// server lacks it (it ran nothing: the script goes next, on the same connection).
-    async fn send_native(&self, handle: Handle, native: &Native, bound: Bound<'_>) -> Option<Sent> {
+    async fn send_native(
+        &self,
+        handle: &mut Handle,
+        native: &Native,
+        bound: &Bound<'_>,
+    ) -> Option<Sent> {
         let feature = native.feature();
         let known = handle.offers.known(feature);
         // With its notification in one message only once the server is known to run it:
@@ -743,8 +750,8 @@ impl Node {
             Some((publish, _)) => (Packet::One(native.command()), Some(publish)),
             None => (Packet::One(native.command()), None),
         };
-        let native_bound = Bound { outright: native.outright(), ..bound };
-        let (sent, mut published) = match self.write(handle.clone(), packet, native_bound).await {
+        let native_bound = Bound { outright: native.outright(), ..*bound };
+        let (sent, mut published) = match self.write(handle, packet, &native_bound).await {
             Sent::Reply(Ok(Value::Array(replies))) if matches!(packet, Packet::Both(_)) => {
                 let mut replies = replies.into_iter().map(value_or_failure);
                 let first = replies.next().unwrap_or(Ok(Value::Nil));
@@ -771,7 +778,7 @@ impl Node {
             handle.offers.note(feature, true);
         }
         if let Some(publish) = publish_after {
-            published = Some(match self.write(handle, Packet::One(publish), Bound::NONE).await {
+            published = Some(match self.write(handle, Packet::One(publish), &Bound::NONE).await {
                 Sent::Reply(published) => published,
                 Sent::Stale(failure, _) => Err(failure),
             });
@@ -781,7 +788,7 @@ impl Node {
 
     /// `packet` on `handle`'s connection; a create or extension within its `bound` (not
     /// sent past its time to go out, nor once an undo of its hold was issued).
-    async fn write(&self, handle: Handle, packet: Packet<'_>, bound: Bound<'_>) -> Sent {
+    async fn write(&self, handle: &mut Handle, packet: Packet<'_>, bound: &Bound<'_>) -> Sent {
         if bound.by.is_some_and(|by| crate::clock::now() > by) {
             let message = "LATE the request was due to go out earlier: not sent";
             return Sent::Reply(Err(Failure::Server {
@@ -789,7 +796,11 @@ impl Node {
                 message: message.into(),
             }));
         }
-        let mut connection = handle.connection.clone();
+        // Recorded as not fresh: an undo that goes behind it finds the connection used.
+        let recorded = (bound.route.is_some() && bound.records)
+            .then(|| Handle { fresh: false, ..handle.clone() });
+        let (generation, fresh) = (handle.generation, handle.fresh);
+        let connection = &mut handle.connection;
         // Boxed: each layer it goes through (routes, timeouts, the round) would otherwise
         // hold its own copies of it, and a round's request grew to 27 KB, moved around
         // whole (a fifth of a busy client's time went to those moves).
@@ -801,34 +812,19 @@ impl Node {
                 }
             }
         }));
-        fn answered((sent, _): &(RedisResult<Value>, bool)) -> bool {
-            sent.is_ok()
-        }
-        // Recorded as not fresh: an undo that goes behind it finds the connection used.
-        let recorded = || Handle { fresh: false, ..handle.clone() };
-        let queued = match (bound.route, bound.also) {
-            (None, _) => Some(send.await),
-            (Some(route), _) if !bound.records => {
+        let queued = match (bound.route, bound.also, &recorded) {
+            (None, ..) => Some(send.await),
+            (Some(route), _, None) => {
                 let at = bound.renews.map_or_else(crate::clock::now, |renewal| renewal.at);
                 let outright = bound.outright.map(|ttl| ttl.duration() - ttl.drift());
-                let extension = Extension { at, outright };
-                fn fate((sent, at_once): &(RedisResult<Value>, bool)) -> Fate {
-                    match sent {
-                        Ok(_) => Fate::Ran,
-                        Err(_) if *at_once => Fate::Unsent,
-                        Err(_) => Fate::Unknown,
-                    }
-                }
-                route.gate(send, extension, fate).await
+                route.gate(send, Extension { at, outright }, fate).await
             }
-            (Some(route), None) => route.queue(&recorded(), send, answered).await,
+            (Some(route), None, Some(recorded)) => route.queue(recorded, send, answered).await,
             // Not recorded on the wait's route either when its own refuses it.
-            (Some(route), Some(_)) if route.is_undone() => None,
-            (Some(route), Some(also)) => {
-                let recorded = recorded();
-                let inner = route.queue(&recorded, send, answered);
-                let answered_too = |sent: &Option<_>| sent.as_ref().is_some_and(answered);
-                also.queue(&recorded, inner, answered_too).await.flatten()
+            (Some(route), Some(_), _) if route.is_undone() => None,
+            // Rare (a writer's wait): boxed, so that every request's future stays small.
+            (Some(route), Some(also), Some(recorded)) => {
+                Box::pin(queue_both(route, also, recorded, send)).await
             }
         };
         let Some((sent, at_once)) = queued else {
@@ -838,13 +834,9 @@ impl Node {
             Ok(Value::ServerError(err)) => Sent::Reply(Err(failure_of(&err.into()))),
             Ok(value) => Sent::Reply(Ok(value)),
             Err(err) if err.is_unrecoverable_error() || err.is_connection_dropped() => {
-                self.discard(handle.generation);
+                self.discard(generation);
                 let failure = failure_of(&err);
-                if handle.fresh {
-                    Sent::Reply(Err(failure))
-                } else {
-                    Sent::Stale(failure, !at_once)
-                }
+                if fresh { Sent::Reply(Err(failure)) } else { Sent::Stale(failure, !at_once) }
             }
             Err(err) => Sent::Reply(Err(failure_of(&err))),
         }
@@ -1270,6 +1262,35 @@ impl<F: Future> Future for FirstPoll<F> {
 
 fn with_first_poll<F: Future>(send: F) -> FirstPoll<F> {
     FirstPoll { send, first: true }
+}
+
+/// What a send's first poll and answer say: the node answered it.
+fn answered((sent, _): &(RedisResult<Value>, bool)) -> bool {
+    sent.is_ok()
+}
+
+/// What became of an extension's send, for its route (see [`crate::route`]).
+fn fate((sent, at_once): &(RedisResult<Value>, bool)) -> Fate {
+    match sent {
+        Ok(_) => Fate::Ran,
+        Err(_) if *at_once => Fate::Unsent,
+        Err(_) => Fate::Unknown,
+    }
+}
+
+/// A create queued on its hold's route and recorded on its wait's (`also`) too.
+async fn queue_both<F>(
+    route: &Route,
+    also: &Route,
+    recorded: &Handle,
+    send: F,
+) -> Option<(RedisResult<Value>, bool)>
+where
+    F: Future<Output = (RedisResult<Value>, bool)> + Send,
+{
+    let inner = route.queue(recorded, send, answered);
+    let answered_too = |sent: &Option<_>| sent.as_ref().is_some_and(answered);
+    also.queue(recorded, inner, answered_too).await.flatten()
 }
 
 #[cfg(test)]

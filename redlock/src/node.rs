@@ -664,6 +664,9 @@ impl Node {
             Sent::Reply(value) => Reply::of(value),
             // Safe to repeat (every lock operation is): once more on a new connection.
             Sent::Stale(_, written) => {
+                // This request's hold on the dead connection ends before the send again (its
+                // driver stops with the last one).
+                drop(first);
                 let reply = Box::pin(self.send_anew(cmd, bound)).await;
                 Reply { resent: written || reply.resent, sent: written || reply.sent, ..reply }
             }

@@ -817,6 +817,7 @@ impl Node {
         }));
         let queued = match (bound.route, bound.also, &recorded) {
             (None, ..) => Some(send.await),
+            // Not recorded (an extension): gated on the hold's route instead.
             (Some(route), _, None) => {
                 let at = bound.renews.map_or_else(crate::clock::now, |renewal| renewal.at);
                 let outright = bound.outright.map(|ttl| ttl.duration() - ttl.drift());
@@ -1267,7 +1268,7 @@ fn with_first_poll<F: Future>(send: F) -> FirstPoll<F> {
     FirstPoll { send, first: true }
 }
 
-/// What a send's first poll and answer say: the node answered it.
+/// Whether a queued create's send was answered (its route then counts it as run).
 fn answered((sent, _): &(RedisResult<Value>, bool)) -> bool {
     sent.is_ok()
 }
